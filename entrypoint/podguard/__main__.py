@@ -1,0 +1,3 @@
+from podguard.cli.app import main
+
+main()

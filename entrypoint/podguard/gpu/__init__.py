@@ -1,0 +1,1 @@
+"""Accelerator access: the backend Protocol, its records, and the NVML implementation (imported lazily)."""

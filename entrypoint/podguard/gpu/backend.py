@@ -1,0 +1,191 @@
+"""The accelerator backend: a small Protocol and the frozen records it returns.
+
+Modelled on Meta GCM's accelerator backend: everything above this layer (selection, cleanup, the health
+gate, doctor) talks to a `GpuBackend`, never to NVML directly, so tests can inject fakes and the NVML
+implementation stays one file. Conventions:
+
+* A value the GPU or driver cannot report is `None` ("n/a" when printed), never an exception.
+* Memory is in bytes. Temperatures in degrees C. Indices are NVML indices (PCI bus order).
+* Nothing here may create a CUDA context: NVML only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+
+class NvmlFailure(str, Enum):
+    """Why NVML could not be initialised; each kind has its own advice for the user."""
+
+    LIBRARY_NOT_FOUND = "library_not_found"  # no libnvidia-ml.so.1: no driver, a CPU-only node
+    DRIVER_NOT_LOADED = "driver_not_loaded"  # library present, kernel module not loaded
+    VERSION_MISMATCH = "version_mismatch"  # driver/library version mismatch (container vs host)
+    GPU_LOST = "gpu_lost"  # a GPU fell off the bus
+    NO_PERMISSION = "no_permission"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    UNKNOWN = "unknown"
+
+
+NVML_FAILURE_ADVICE: dict[NvmlFailure, str] = {
+    NvmlFailure.LIBRARY_NOT_FOUND: "no NVIDIA driver library (libnvidia-ml.so.1) here: this is a CPU-only node, "
+    "or the container was started without the GPU runtime (docker run --gpus all)",
+    NvmlFailure.DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded: the host needs the driver or a reboot",
+    NvmlFailure.VERSION_MISMATCH: "driver/library version mismatch: the user-space driver in the image does not "
+    "match the host's kernel driver; do not install NVIDIA drivers inside the image, restart the pod",
+    NvmlFailure.GPU_LOST: "a GPU has fallen off the bus: restart the pod, or move to another machine",
+    NvmlFailure.NO_PERMISSION: "no permission to talk to the NVIDIA driver (device files not accessible)",
+    NvmlFailure.INSUFFICIENT_RESOURCES: "the driver ran out of resources while initialising NVML",
+    NvmlFailure.UNKNOWN: "NVML failed to initialise",
+}
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be initialised. `kind` classifies why; `detail` is NVML's own text."""
+
+    def __init__(self, kind: NvmlFailure, detail: str = "") -> None:
+        self.kind = kind
+        self.detail = detail
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        advice = NVML_FAILURE_ADVICE[self.kind]
+        return f"{advice} ({self.detail})" if self.detail else advice
+
+
+class ComputeMode(str, Enum):
+    DEFAULT = "default"
+    EXCLUSIVE_THREAD = "exclusive_thread"
+    PROHIBITED = "prohibited"
+    EXCLUSIVE_PROCESS = "exclusive_process"
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    driver_version: str | None
+    cuda_driver_version: str | None  # "12.4" form
+    nvml_version: str | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML says has a context on a GPU. `pid` may be a host PID (another PID namespace)."""
+
+    pid: int
+    used_memory: int | None
+    kind: str  # "compute" or "graphics"
+
+
+@dataclass(frozen=True)
+class EccState:
+    enabled: bool | None = None
+    uncorrected_volatile: int | None = None
+    corrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str  # "MIG-..." as CUDA_VISIBLE_DEVICES takes it
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """Everything podguard knows about one GPU at one moment."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    minor_number: int | None = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    memory_reserved: int | None = None
+    memory_free: int | None = None
+    utilization_gpu: int | None = None  # percent
+    utilization_memory: int | None = None  # percent
+    processes: tuple[GpuProcess, ...] = ()
+    compute_mode: ComputeMode | None = None
+    persistence_mode: bool | None = None
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+    ecc: EccState = field(default_factory=EccState)
+    clock_event_reasons: int | None = None  # raw NVML bitmask
+    clock_event_names: tuple[str, ...] = ()  # decoded, e.g. ("hw_slowdown", "sw_thermal")
+    temperature_c: int | None = None
+    temperature_slowdown_c: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    recovery_action: str | None = None  # None / "none" / "reset" / "reboot" / "drain_p2p" ...
+    lost: bool = False  # NVML said GPU_IS_LOST for this device
+    errors: tuple[str, ...] = ()  # queries that failed unexpectedly (not merely unsupported)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["compute_mode"] = self.compute_mode.value if self.compute_mode else None
+        return data
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    gpu_index: int
+    xid: int
+    timestamp: float  # time.time() when seen
+
+
+# Clock event reason bits (nvml.h nvmlClocksEventReason*), decoded into stable names.
+CLOCK_EVENT_BITS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clock_setting",
+}
+
+
+def decode_clock_events(mask: int | None) -> tuple[str, ...]:
+    if not mask:
+        return ()
+    return tuple(name for bit, name in CLOCK_EVENT_BITS.items() if mask & bit)
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """What podguard needs from the accelerator. Implementations: `NvmlBackend`, test fakes.
+
+    Construction performs initialisation and raises `NvmlUnavailable` when there is no usable driver.
+    """
+
+    def driver(self) -> DriverInfo: ...
+
+    def device_count(self) -> int: ...
+
+    def snapshot(self, index: int) -> GpuSnapshot:
+        """Full state of one GPU. Never raises for an unsupported field; a lost GPU gives `lost=True`."""
+        ...
+
+    def memory_used(self, index: int) -> int | None:
+        """Cheap poll used while waiting for memory to come back after a cleanup."""
+        ...
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+        """Compute and graphics processes with a context on this GPU (cheap poll)."""
+        ...
+
+    def watch_xid(self, indices: list[int], timeout_s: float) -> list[XidEvent]:
+        """Critical XID events seen on these GPUs within `timeout_s` (returns early never; [] if unsupported)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Launching and supervising the job: single, per-gpu, torchrun and roles modes."""

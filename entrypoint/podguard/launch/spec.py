@@ -1,0 +1,51 @@
+"""Records shared by every launch mode: what to start, how each worker ended, how the job ended.
+
+Modelled on torch.distributed.elastic's structured failure records: the job outcome names the root
+cause (the first worker that failed), its exit code or signal, and its last log lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str  # stable id: "GPU0", "rank1", "server", "trainer2"
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)  # added on top of os.environ
+    prefix: str = ""  # put before every output line, e.g. "GPU0:"; "" = none
+    log_path: Path | None = None  # every line (unprefixed) also goes here
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    name: str
+    pid: int
+    returncode: int | None  # exit status when it exited
+    signal: int | None  # signal number when it was killed by one
+    tail: tuple[str, ...] = ()  # its last output lines
+    stopped_by_podguard: bool = False  # True when podguard stopped it (fail-fast, shutdown)
+
+    @property
+    def failed(self) -> bool:
+        return not self.stopped_by_podguard and (self.signal is not None or (self.returncode or 0) != 0)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell-style code: the exit status, or 128+N when killed by signal N."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.returncode or 0
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    exit_code: int
+    workers: tuple[WorkerExit, ...]
+    root_cause: WorkerExit | None = None  # the first worker that failed
+    signal: int | None = None  # the signal podguard itself received, if that ended the job
+    detail: str = ""  # e.g. "rank 1 (local 1) on node 0 exited 3: ValueError(...)" from torch error files
