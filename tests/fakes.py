@@ -75,7 +75,7 @@ class FakeBackend:
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         return self._live(self.gpus[index].processes)
 
-    def watch_xid(self, indices: list[int], timeout_s: float) -> list[XidEvent]:
+    def watch_xid(self, indices: list[int], timeout_s: float, stop: object = None) -> list[XidEvent]:
         return [e for e in self.xids if e.gpu_index in indices]
 
     def close(self) -> None:

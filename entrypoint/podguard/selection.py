@@ -7,7 +7,11 @@ podguard's report, in nvidia-smi and inside the training process.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.gpu.backend import GpuSnapshot
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,189 @@ class Selection:
             return {"CUDA_VISIBLE_DEVICES": ""}
         return {"CUDA_VISIBLE_DEVICES": ",".join(g.visible_id for g in self.gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "inventory_count": self.inventory_count,
+            "expected": self.expected,
+            "gpus": [{"index": g.index, "uuid": g.uuid, "visible_id": g.visible_id, "name": g.name} for g in self.gpus],
+            "child_env": self.child_env(),
+        }
+
     def child_env_for(self, position: int) -> dict[str, str]:
         """Environment for a child that should see only the `position`-th selected GPU (per-gpu mode)."""
         gpu = self.gpus[position]
         return {"CUDA_VISIBLE_DEVICES": gpu.visible_id, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing and validation. Every bad value is a UsageError (exit 64) naming the value and what is valid;
+# GPUs that are required but absent are a PodguardError with exit 69.
+# --------------------------------------------------------------------------------------------------
+
+ON_FEWER_CHOICES = ("fail", "continue")
+_NO_GPU_TOKENS = {"", "-1", "none", "void", "nodevfiles"}
+
+
+def parse_count(raw: str | int | None, what: str, *, minimum: int = 0) -> int | None:
+    """A non-negative integer option such as NPROC_PER_NODE; None when unset."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{what}={text!r} is not a whole number; expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise UsageError(f"{what}={value} is out of range; expected an integer >= {minimum}")
+    return value
+
+
+def _valid_range(count: int) -> str:
+    if count == 0:
+        return "this node has no GPUs"
+    return f"this node has {count} GPU{'s' if count != 1 else ''} (valid indices: 0-{count - 1}, or their UUIDs)"
+
+
+def _resolve_token(token: str, what: str, raw: str, inventory: Sequence[GpuSnapshot]) -> list[SelectedGpu]:
+    """One GPU_LIST / CUDA_VISIBLE_DEVICES token -> the GPU (or MIG devices) it names."""
+    count = len(inventory)
+    if token.lstrip("-").isdigit():
+        index = int(token)
+        if index < 0 or index >= count:
+            raise UsageError(f"{what}={raw!r}: GPU index {index} does not exist; {_valid_range(count)}")
+        return _expand(inventory[index])
+    upper = token.upper()
+    if upper.startswith("MIG-"):
+        for gpu in inventory:
+            for mig in gpu.mig_devices:
+                if mig.uuid.upper() == upper:
+                    return [SelectedGpu(gpu.index, gpu.uuid, mig.uuid, gpu.name)]
+        raise UsageError(f"{what}={raw!r}: MIG device {token!r} is not on this node; see `podguard gpus`")
+    if upper.startswith("GPU-"):
+        # CUDA accepts any unique UUID prefix; so do we.
+        matches = [g for g in inventory if g.uuid and g.uuid.upper().startswith(upper)]
+        if len(matches) == 1:
+            return _expand(matches[0])
+        if not matches:
+            raise UsageError(f"{what}={raw!r}: no GPU with UUID {token!r} on this node; see `podguard gpus`")
+        raise UsageError(f"{what}={raw!r}: UUID prefix {token!r} matches {len(matches)} GPUs; give more of it")
+    raise UsageError(
+        f"{what}={raw!r}: {token!r} is not a GPU index or UUID; expected a comma-separated list such as "
+        f"'0,1' or 'GPU-xxxxxxxx'; {_valid_range(count)}"
+    )
+
+
+def _expand(gpu: GpuSnapshot) -> list[SelectedGpu]:
+    """A whole GPU: its UUID, or each of its MIG devices when MIG is on (CUDA sees MIG devices only)."""
+    if gpu.mig_enabled and gpu.mig_devices:
+        return [SelectedGpu(gpu.index, gpu.uuid, m.uuid, gpu.name) for m in gpu.mig_devices]
+    visible = gpu.uuid or str(gpu.index)
+    return [SelectedGpu(gpu.index, gpu.uuid, visible, gpu.name)]
+
+
+def parse_gpu_list(raw: str, what: str, inventory: Sequence[GpuSnapshot]) -> tuple[SelectedGpu, ...] | None:
+    """Parse an explicit list. Returns () for an explicit "no GPUs" (CUDA_VISIBLE_DEVICES='')."""
+    text = raw.strip()
+    if text.lower() in _NO_GPU_TOKENS:
+        return ()
+    tokens = [t.strip() for t in text.split(",")]
+    if any(t == "" for t in tokens):
+        raise UsageError(f"{what}={raw!r} has an empty entry; expected a comma-separated list such as '0,1,2,3'")
+    chosen: list[SelectedGpu] = []
+    seen: dict[str, str] = {}
+    for token in tokens:
+        for gpu in _resolve_token(token, what, raw, inventory):
+            if gpu.visible_id in seen:
+                raise UsageError(
+                    f"{what}={raw!r}: GPU {gpu.index} is listed twice ({seen[gpu.visible_id]!r} and {token!r}); "
+                    "each GPU may appear once"
+                )
+            seen[gpu.visible_id] = token
+            chosen.append(gpu)
+    return tuple(chosen)
+
+
+def select_gpus(
+    inventory: Sequence[GpuSnapshot],
+    *,
+    gpu_list: str | None = None,
+    cuda_visible_devices: str | None = None,
+    nproc_per_node: str | int | None = None,
+    expect_gpus: str | int | None = None,
+    on_fewer: str = "fail",
+    require_gpu: bool = False,
+) -> Selection:
+    """Decide which GPUs this node uses. Precedence: GPU_LIST, then CUDA_VISIBLE_DEVICES, then all.
+
+    Indices are NVML indices (the numbers nvidia-smi shows), whatever CUDA_DEVICE_ORDER says, so that a
+    user's "GPU 2" is the card nvidia-smi calls 2.
+    """
+    if on_fewer not in ON_FEWER_CHOICES:
+        raise UsageError(f"on-fewer-gpus={on_fewer!r} is not valid; choose one of: {', '.join(ON_FEWER_CHOICES)}")
+    nproc = parse_count(nproc_per_node, "NPROC_PER_NODE", minimum=1)
+    expected = parse_count(expect_gpus, "expect-gpus", minimum=0)
+    count = len(inventory)
+    warnings: list[str] = []
+
+    if gpu_list is not None and gpu_list.strip() != "":
+        source = "GPU_LIST"
+        chosen = parse_gpu_list(gpu_list, "GPU_LIST", inventory) if count else None
+        if cuda_visible_devices not in (None, "") and cuda_visible_devices != gpu_list:
+            warnings.append(
+                f"GPU_LIST={gpu_list!r} takes precedence over CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
+            )
+    elif cuda_visible_devices is not None:
+        source = "CUDA_VISIBLE_DEVICES"
+        chosen = parse_gpu_list(cuda_visible_devices, "CUDA_VISIBLE_DEVICES", inventory) if count else ()
+    else:
+        source = "all"
+        chosen = tuple(g for gpu in inventory for g in _expand(gpu))
+
+    if count == 0:
+        wanted = [
+            name
+            for name, flag in (
+                ("GPU_LIST", source == "GPU_LIST"),
+                ("--require-gpu", require_gpu),
+                (f"expect-gpus={expected}", bool(expected)),
+            )
+            if flag
+        ]
+        if wanted:
+            raise PodguardError(
+                f"no GPU on this node, but GPUs are required ({', '.join(wanted)}); "
+                "start the container with the GPU runtime or pick a GPU pod",
+                ExitCode.GPUS_MISSING,
+            )
+        warnings.append("NO GPU FOUND: running on CPU only (set --require-gpu to make this an error)")
+        return Selection((), "none", 0, expected, tuple(warnings))
+
+    assert chosen is not None
+    if expected is not None and count < expected:
+        message = f"expected {expected} GPUs but this node has {count}"
+        if on_fewer == "fail":
+            raise PodguardError(
+                f"{message}; a GPU may have failed or the pod is smaller than assumed "
+                "(use --on-fewer-gpus continue to run on what is there)",
+                ExitCode.GPUS_MISSING,
+            )
+        warnings.append(f"FEWER GPUS THAN EXPECTED: {message}; continuing with {count}")
+
+    if nproc is not None:
+        if nproc < len(chosen):
+            warnings.append(f"NPROC_PER_NODE={nproc}: using the first {nproc} of {len(chosen)} selected GPUs")
+            chosen = chosen[:nproc]
+        elif nproc > len(chosen):
+            message = f"NPROC_PER_NODE={nproc} but only {len(chosen)} GPU(s) selected ({source})"
+            if on_fewer == "fail":
+                raise PodguardError(
+                    f"{message}; lower NPROC_PER_NODE or use --on-fewer-gpus continue", ExitCode.GPUS_MISSING
+                )
+            warnings.append(f"FEWER GPUS THAN EXPECTED: {message}; continuing with {len(chosen)}")
+
+    if source != "all" and not chosen:
+        warnings.append(f"{source} selects no GPU: running on CPU only")
+    return Selection(tuple(chosen), source, count, expected, tuple(warnings))

@@ -35,8 +35,7 @@ def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(
-            f"state dir {str(path)!r} cannot be created ({exc.strerror}); "
-            f"set {ENV_STATE_DIR} to a writable directory"
+            f"state dir {str(path)!r} cannot be created ({exc.strerror}); set {ENV_STATE_DIR} to a writable directory"
         ) from None
     if not os.access(path, os.W_OK):
         raise UsageError(f"state dir {str(path)!r} is not writable; set {ENV_STATE_DIR} to a writable directory")

@@ -11,12 +11,13 @@ implementation stays one file. Conventions:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 
-class NvmlFailure(str, Enum):
+class NvmlFailure(StrEnum):
     """Why NVML could not be initialised; each kind has its own advice for the user."""
 
     LIBRARY_NOT_FOUND = "library_not_found"  # no libnvidia-ml.so.1: no driver, a CPU-only node
@@ -55,7 +56,7 @@ class NvmlUnavailable(Exception):
         return f"{advice} ({self.detail})" if self.detail else advice
 
 
-class ComputeMode(str, Enum):
+class ComputeMode(StrEnum):
     DEFAULT = "default"
     EXCLUSIVE_THREAD = "exclusive_thread"
     PROHIBITED = "prohibited"
@@ -88,6 +89,9 @@ class EccState:
     remap_failure: bool | None = None
     remapped_rows_correctable: int | None = None
     remapped_rows_uncorrectable: int | None = None
+    # Lifetime counts (NVML_AGGREGATE_ECC): history for `doctor`; the gate uses the volatile ones.
+    uncorrected_aggregate: int | None = None
+    corrected_aggregate: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,8 +188,11 @@ class GpuBackend(Protocol):
         """Compute and graphics processes with a context on this GPU (cheap poll)."""
         ...
 
-    def watch_xid(self, indices: list[int], timeout_s: float) -> list[XidEvent]:
-        """Critical XID events seen on these GPUs within `timeout_s` (returns early never; [] if unsupported)."""
+    def watch_xid(self, indices: list[int], timeout_s: float, stop: threading.Event | None = None) -> list[XidEvent]:
+        """Critical XID events seen on these GPUs until `timeout_s` passes or `stop` is set ([] if unsupported).
+
+        Waits in slices of at most 100 ms so a set `stop` ends the watch promptly.
+        """
         ...
 
     def close(self) -> None: ...

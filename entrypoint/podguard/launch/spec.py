@@ -19,6 +19,11 @@ class WorkerSpec:
     prefix: str = ""  # put before every output line, e.g. "GPU0:"; "" = none
     log_path: Path | None = None  # every line (unprefixed) also goes here
     cwd: Path | None = None
+    # A long-running helper (roles: an inference server). The job is done when every non-service
+    # worker has finished; services are then stopped. A service that exits before that is a failure.
+    service: bool = False
+    label: str = ""  # how summaries name it, e.g. "GPU2 (rank 2)"; "" = the name
+    gpus: tuple[int, ...] = ()  # NVML indices it sees (for --only-gpu and reports); () = CPU only
 
 
 @dataclass(frozen=True)

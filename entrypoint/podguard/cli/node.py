@@ -1,0 +1,149 @@
+"""Node commands: `gpus`, `health`, `cleanup`, `doctor`. Each is a thin shell over a library function."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from podguard.cli import options as o
+from podguard.errors import ExitCode, PodguardError
+from podguard.preflight import run_preflight, validate_options
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gpus")(gpus)
+    app.command("health")(health)
+    app.command("cleanup")(cleanup)
+    app.command("doctor")(doctor)
+
+
+def gpus(
+    gpu_list: o.GpuList = None,
+    nproc_per_node: o.NprocPerNode = None,
+    expect_gpus: o.ExpectGpus = None,
+    on_fewer: o.OnFewer = "fail",
+    require_gpu: o.RequireGpu = False,
+    as_json: o.Json = False,
+) -> None:
+    """The GPU inventory and the selection this node would use (GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE)."""
+    from podguard.inventory import inventory_payload, render_inventory
+
+    opts = o.build_options(
+        "gpus",
+        gpu_list=gpu_list,
+        nproc_per_node=nproc_per_node,
+        expect_gpus=expect_gpus,
+        on_fewer=on_fewer,
+        require_gpu=require_gpu,
+    )
+    payload = inventory_payload(opts)
+    if as_json:
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(render_inventory(payload))
+    if payload.get("error"):
+        raise typer.Exit(payload["error"]["exit_code"])
+
+
+def health(
+    gpu_list: o.GpuList = None,
+    nproc_per_node: o.NprocPerNode = None,
+    expect_gpus: o.ExpectGpus = None,
+    on_fewer: o.OnFewer = "fail",
+    require_gpu: o.RequireGpu = False,
+    idle_memory_mib: o.IdleMemory = 512,
+    probe: o.Probe = "auto",
+    probe_cmd: o.ProbeCmd = None,
+    probe_timeout: o.ProbeTimeout = 60.0,
+    temperature_margin: o.TempMargin = 0,
+    fail_on_warnings: o.FailOnWarnings = False,
+    state_dir: o.StateDir = None,
+    as_json: o.Json = False,
+) -> None:
+    """The health gate alone (no cleanup). Exit code: 0 healthy, 69 missing, 75 busy, 76 unhealthy."""
+    opts = o.build_options(
+        "health",
+        gpu_list=gpu_list,
+        nproc_per_node=nproc_per_node,
+        expect_gpus=expect_gpus,
+        on_fewer=on_fewer,
+        require_gpu=require_gpu,
+        idle_memory_mib=idle_memory_mib,
+        probe=probe,
+        probe_cmd=probe_cmd,
+        probe_timeout=probe_timeout,
+        temperature_margin=temperature_margin,
+        fail_on_warnings=fail_on_warnings,
+        state_dir=state_dir,
+    )
+    _finish(run_preflight(opts, quiet=as_json), as_json)
+
+
+def cleanup(
+    dry_run: bool = typer.Option(False, "--dry-run", envvar="PODGUARD_DRY_RUN", help="Report, kill nothing."),
+    gpu_list: o.GpuList = None,
+    busy_timeout: o.BusyTimeout = 60.0,
+    grace: o.Grace = 7.0,
+    protect: o.Protect = None,
+    kill_pattern: o.KillPattern = None,
+    idle_memory_mib: o.IdleMemory = 512,
+    state_dir: o.StateDir = None,
+    dev_dir: o.DevDir = Path("/dev"),
+    as_json: o.Json = False,
+) -> None:
+    """Find and stop what holds the GPUs (job trees, launcher first), then wait for their memory to come back."""
+    opts = o.build_options(
+        "cleanup",
+        gpu_list=gpu_list,
+        dry_run=dry_run,
+        busy_timeout=busy_timeout,
+        grace=grace,
+        protect=protect,
+        kill_pattern=kill_pattern,
+        idle_memory_mib=idle_memory_mib,
+        state_dir=state_dir,
+        dev_dir=dev_dir,
+        probe="off",
+        on_fewer="continue",
+    )
+    _finish(run_preflight(opts, quiet=as_json), as_json)
+
+
+def doctor(
+    state_dir: o.StateDir = None,
+    dev_dir: o.DevDir = Path("/dev"),
+    as_json: o.Json = False,
+) -> None:
+    """Everything a person needs when something is wrong: driver, GPUs, holders, health, env, recommendations."""
+    from podguard.doctor import collect, render
+
+    opts = o.build_options("doctor", state_dir=state_dir, dev_dir=dev_dir, probe="off", on_fewer="continue")
+    try:
+        validate_options(opts)
+    except PodguardError as exc:
+        raise PodguardError(exc.message, exc.code) from None
+    data = collect(opts)
+    if as_json:
+        json.dump(data, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(render(data))
+
+
+def _finish(result, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    if as_json:
+        payload = {
+            "exit_code": result.exit_code,
+            "message": result.message,
+            "report_path": str(result.report_path) if result.report_path else None,
+        }
+        if result.report_path:
+            payload["report"] = json.loads(Path(result.report_path).read_text())
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        print()
+    if result.exit_code != ExitCode.OK:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,5 @@
+import sys
+
+from podguard.demo.train import main
+
+sys.exit(main())

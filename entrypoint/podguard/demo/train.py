@@ -1,0 +1,228 @@
+"""`python -m podguard.demo`: the demo training job (see the package docstring for what it shows).
+
+Exit codes: 0 done; 64 bad option or config (before torch is even imported); 1 the NaN guard stopped
+training; other PodguardError codes from init_rank (69 no GPU, 75 GPU busy, 76 GPU failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, NoReturn
+
+from podguard.errors import PodguardError, UsageError
+from podguard.rank import NanGuard, NonFiniteError, RankContext, build_config, init_rank, log_memory, serialized
+from podguard.rank._env import current_rank, emit
+from podguard.rank.config import NAN_POLICIES, PRESETS, TrainConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad options as a UsageError (exit 64, one line) instead of exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(prog="python -m podguard.demo", description="podguard's built-in demo training job.")
+    p.add_argument("--preset", choices=tuple(PRESETS), help="ci (default: seconds on CPU), debug, production")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of settings (keys as in the presets)")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--batch-size", type=int, help="samples per rank per step")
+    p.add_argument("--lr", type=float, help="learning rate")
+    p.add_argument("--log-every", type=int, help="print a progress line every N steps")
+    p.add_argument("--seed", type=int, help="seed for the dataset and the model")
+    p.add_argument("--nan-policy", choices=NAN_POLICIES, help="skip bad steps (stop after K in a row) or stop")
+    p.add_argument("--nan-max-consecutive", type=int, help="K: consecutive bad steps before stopping")
+    p.add_argument(
+        "--inject-nan-at", metavar="STEP[-END]", help="make the loss NaN at this step (or range) to show the guard"
+    )
+    p.add_argument("--inject-nan-rank", type=int, help="rank whose loss goes NaN (default: the last rank)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: auto")
+    p.add_argument("--allow-cpu-fallback", action="store_true", help="train on CPU if the GPU cannot be used")
+    p.add_argument("--cache-dir", metavar="DIR", help="prepared-dataset cache (default: <state dir>/cache)")
+    p.add_argument("--dump-dir", metavar="DIR", help="NaN dumps (default: <state dir>/nan)")
+    return p.parse_args(argv)
+
+
+def parse_steps(text: str | None) -> set[int]:
+    """ "7" -> {7}; "7-9" -> {7, 8, 9}; None -> empty."""
+    if not text:
+        return set()
+    try:
+        if "-" in text:
+            first, last = (int(part) for part in text.split("-", 1))
+        else:
+            first = last = int(text)
+    except ValueError:
+        raise UsageError(f"--inject-nan-at {text!r} is not valid; use a step (7) or a range (7-9)") from None
+    if first < 1 or last < first:
+        raise UsageError(f"--inject-nan-at {text!r} is not valid; steps start at 1 and a range must not be reversed")
+    return set(range(first, last + 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    try:
+        args = parse_args(argv)
+        config = build_config(
+            args.preset,
+            args.config,
+            {
+                "steps": args.steps,
+                "batch_size": args.batch_size,
+                "lr": args.lr,
+                "log_every": args.log_every,
+                "seed": args.seed,
+                "nan_policy": args.nan_policy,
+                "nan_max_consecutive": args.nan_max_consecutive,
+            },
+        )
+        inject = parse_steps(args.inject_nan_at)
+    except UsageError as exc:
+        sys.stderr.write(f"podguard demo: error: {exc.message}\n")
+        return exc.code
+
+    ctx: RankContext | None = None
+    rank = current_rank()
+    try:
+        log_memory("START")
+        with serialized("import", slots=config.import_slots):
+            warnings.filterwarnings("ignore", message=".*NumPy.*")  # CPU torch without numpy warns at import
+            import torch
+            import torch.distributed  # the heavy part of DDP: inside the lock too
+            import torch.nn.parallel  # noqa: F401
+        log_memory("POST-IMPORT")
+        ctx = init_rank(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback)
+        return _train(ctx, config, args, inject, started)
+    except NonFiniteError:
+        return 1  # the guard has printed why, on every rank, and written its dump
+    except PodguardError as exc:
+        emit(f"[rank {rank}] ERROR: {exc.message}")
+        return exc.code
+    finally:
+        if ctx is not None:
+            ctx.shutdown()  # after _train returned: the DDP model it built is garbage by now
+
+
+def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inject: set[int], started: float) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from podguard.demo import data as demo_data
+    from podguard.demo.model import DemoNet
+    from podguard.prepare import prepare_once
+
+    rank, world = ctx.rank, ctx.world_size
+    if not ctx.is_cuda and "OMP_NUM_THREADS" not in os.environ:
+        # CPU ranks on one host share its cores: without this, each takes them all and they thrash.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    device = torch.device(ctx.device)
+    inject_rank = world - 1 if args.inject_nan_rank is None else args.inject_nan_rank
+    if ctx.is_main:
+        emit(
+            f"[demo] preset={config.preset} steps={config.steps} batch={config.batch_size}/rank "
+            f"(global {config.batch_size * world}) model=residual MLP {config.layers}x{config.hidden} "
+            f"dataset={config.samples}x{config.input_dim} classes={config.classes} ranks={world} "
+            f"device={device.type} backend={ctx.backend}"
+            + (f" inject_nan_at={sorted(inject)} on rank {inject_rank}" if inject else "")
+        )
+
+    # --- data: prepared once per node (ranks wait on the prepare lock instead of racing) ---------------
+    spec = demo_data.SyntheticDataset(config.samples, config.input_dim, config.classes, config.seed)
+    cache_root = Path(args.cache_dir) if args.cache_dir else _state_subdir("cache")
+    prepared = prepare_once(
+        spec, cache_root=cache_root, key_parts=spec.key_parts(), progress=lambda line: emit(f"[rank {rank}] {line}")
+    )
+    emit(
+        f"[rank {rank}] DATA: {'cache hit' if prepared.cache_hit else 'prepared'} ({prepared.prepared_by}) "
+        f"{prepared.path} waited {prepared.waited_s:.2f}s ran {prepared.run_s:.2f}s"
+    )
+    x_all, y_all = demo_data.load(prepared.path)
+    x = x_all[rank::world].to(device)  # this rank's shard
+    y = y_all[rank::world].to(device)
+    if len(x) == 0:  # more ranks than samples: share the whole set
+        x, y = x_all.to(device), y_all.to(device)
+
+    # --- model -------------------------------------------------------------------------------------------
+    torch.manual_seed(config.seed)  # same init everywhere (DDP also broadcasts rank 0's weights)
+    model: Any = DemoNet(config.input_dim, config.hidden, config.layers, config.classes).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if ctx.is_cuda else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    guard = NanGuard(
+        model, max_consecutive=config.nan_max_consecutive, policy=config.nan_policy, dump_dir=args.dump_dir
+    )
+    log_memory("POST-MODEL")
+    if ctx.is_main:
+        emit(f"[demo] model has {params:,} parameters; training")
+
+    # --- train -------------------------------------------------------------------------------------------
+    gen = torch.Generator().manual_seed(config.seed * 7919 + rank)  # batch sampling: different per rank
+    train_started = time.monotonic()
+    last_loss = float("nan")
+    global_batch = config.batch_size * world
+    for step in range(1, config.steps + 1):
+        idx = torch.randint(len(x), (config.batch_size,), generator=gen).to(device)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        if step in inject and rank == inject_rank:
+            loss = loss * float("nan")
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        if guard.check(step, loss.detach(), grad_norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # always: a skipped step's gradients must not leak into the next
+        if step % config.log_every == 0 or step == config.steps:
+            last_loss = float(loss.item())
+            elapsed = time.monotonic() - train_started
+            rate = global_batch * step / elapsed if elapsed > 0 else 0.0
+            eta = (config.steps - step) * elapsed / step
+            emit(
+                f"[rank {rank}] step {step}/{config.steps} loss {last_loss:.4f} | {rate:,.0f} samples/s | "
+                f"ETA {_clock(eta)} | skipped {len(guard.skipped_steps)}"
+            )
+    if ctx.is_cuda:
+        torch.cuda.synchronize(device)
+    train_s = time.monotonic() - train_started
+
+    # --- summary: averaged over ranks, printed by rank 0 ------------------------------------------------
+    model.eval()
+    with torch.no_grad():
+        probe = min(len(x), 4096)
+        accuracy = (model(x[:probe]).argmax(dim=1) == y[:probe]).float().mean()
+    stats = torch.tensor([last_loss, float(accuracy)], dtype=torch.float64, device=device)
+    if ctx.distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(stats)
+        stats /= world
+    log_memory("END")
+    if ctx.is_main:
+        final_loss, final_acc = stats.tolist()
+        emit(
+            f"[demo] DONE steps={config.steps} final_loss={final_loss:.4f} accuracy={final_acc * 100:.1f}% "
+            f"time={time.monotonic() - started:.1f}s (train {train_s:.1f}s) "
+            f"samples/s={global_batch * config.steps / train_s:,.0f} skipped={len(guard.skipped_steps)} "
+            f"ranks={world} device={device.type} backend={ctx.backend} "
+            f"dataset={'cache hit' if prepared.cache_hit else 'prepared'}"
+        )
+    return 0
+
+
+def _state_subdir(name: str) -> Path:
+    from podguard.state import state_dir, subdir
+
+    return subdir(state_dir(), name)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -1,0 +1,221 @@
+"""Start one worker: its own output pipe, its own process group, a parent-death signal.
+
+One worker = one `subprocess.Popen` with
+
+* **its own pipe** (stdout and stderr merged into it, one pipe per child, never shared): a pipe that
+  several children share interleaves their writes mid-line; one pipe each lets the Printer split every
+  stream into whole lines before it prefixes and multiplexes them. The pipe is enlarged to 1 MiB
+  (`F_SETPIPE_SZ`, best effort) so a flooding worker blocks less and the Printer reads bigger batches.
+* **its own process group** (`process_group=0`): a Ctrl-C on the terminal reaches podguard only, and
+  podguard forwards exactly one signal to each worker's group (tini's model), instead of every process
+  receiving the terminal's SIGINT and then podguard's forwarded one on top. The worker stays in
+  podguard's session, so nothing changes for job control of podguard itself.
+* **a parent-death signal** (`PR_SET_PDEATHSIG`, SIGTERM by default): if podguard itself is killed
+  (SIGKILL, OOM killer) the workers are told instead of running on, holding GPU memory.
+* stdin from `/dev/null`: workers run in background process groups, where reading the terminal would
+  stop them with SIGTTIN.
+* environment = `os.environ` + `spec.env`.
+
+How the parent-death signal is set (the fork-safety choice): `preexec_fn` would run Python code
+between fork and exec. That is unsafe as soon as the parent has threads (a lock held by another
+thread at fork time, e.g. in logging or malloc, stays locked forever in the child) — and podguard does
+have a thread while it launches (the roles mode polls health URLs from one) — and it forces a full
+`fork()` instead of the faster `vfork()`. So the worker's argv is instead prefixed with a tiny exec
+wrapper that sets the flag in the already-exec'd child and then execs the real command (same pid):
+
+1. util-linux `setpriv --pdeathsig TERM -- CMD...` (present on Debian/Ubuntu images; ~1 ms), else
+2. `python -I -S -c <10 lines>` (ctypes `prctl`, then `os.execvp`; ~25 ms, always available).
+
+The flag is tied to the *thread* that forked, so workers must be started from a thread that lives as
+long as the job (podguard starts them from the main thread). The wrapper cannot close the tiny window
+in which podguard dies between fork and `prctl`; the Python wrapper checks `getppid()` afterwards and
+exits if the parent is already gone, `setpriv` does not — a race of microseconds, and podguard is a
+child subreaper that stops leftovers anyway.
+
+The command's program is resolved against the child's PATH before anything starts, so "command not
+found" is a clear `UsageError` (exit 64) instead of an exit code 127 from inside the wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from podguard.errors import PodguardError, UsageError
+from podguard.launch.spec import WorkerSpec
+
+JOB_ID_ENV = "PODGUARD_JOB_ID"
+PIPE_SIZE = 1 << 20  # 1 MiB: the unprivileged maximum (/proc/sys/fs/pipe-max-size) on stock kernels
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+# The fallback exec wrapper: argv = [signum, expected parent pid, program, args...].
+_PY_WRAPPER = (
+    "import ctypes,os,sys\n"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,int(sys.argv[1]),0,0,0)\n"
+    "if os.getppid()!=int(sys.argv[2]):os._exit(128+int(sys.argv[1]))\n"
+    "try:os.execvp(sys.argv[3],sys.argv[3:])\n"
+    "except OSError as e:\n"
+    " sys.stderr.write('podguard: cannot execute %s: %s\\n'%(sys.argv[3],e.strerror));"
+    "os._exit(126 if e.errno==13 else 127)\n"
+)
+
+
+@dataclass
+class Worker:
+    """A started worker. `fd` is the read end of its private output pipe (non-blocking)."""
+
+    spec: WorkerSpec
+    popen: subprocess.Popen[bytes]
+    fd: int
+    started_at: float = field(default_factory=time.monotonic)  # monotonic
+    started_wall: float = field(default_factory=time.time)  # epoch seconds, for reports
+    status: int | None = None  # waitpid status once reaped
+    ended_at: float | None = None  # monotonic, once reaped
+    stopped_by_podguard: bool = False  # podguard signalled it (fail-fast / shutdown) before it exited
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def alive(self) -> bool:
+        return self.status is None
+
+    def signal_group(self, signum: int) -> bool:
+        """Send `signum` to the worker's whole process group; False when the group is already gone."""
+        try:
+            os.killpg(self.pid, signum)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a member changed uid; try the leader at least
+            try:
+                os.kill(self.pid, signum)
+                return True
+            except OSError:
+                return False
+
+    def mark_reaped(self, status: int) -> None:
+        """Record the wait status that the supervisor collected with waitpid (it owns reaping)."""
+        self.status = status
+        self.ended_at = time.monotonic()
+        # Popen must not wait for a pid that is already reaped (and possibly reused).
+        self.popen.returncode = os.waitstatus_to_exitcode(status)
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """Absolute path of a `setpriv` that understands --pdeathsig (util-linux >= 2.33), or None."""
+    path = shutil.which("setpriv")
+    if not path:
+        return None
+    try:
+        probe = subprocess.run(
+            [path, "--pdeathsig", "TERM", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+def pdeathsig_wrapper(signum: int) -> list[str]:
+    """The argv prefix that gives the exec'd command a parent-death signal `signum`."""
+    setpriv = _setpriv()
+    if setpriv:
+        return [setpriv, "--pdeathsig", signal.Signals(signum).name.removeprefix("SIG"), "--"]
+    return [sys.executable, "-I", "-S", "-c", _PY_WRAPPER, str(signum), str(os.getpid())]
+
+
+def child_env(spec: WorkerSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(spec.env)
+    return env
+
+
+def resolve_program(spec: WorkerSpec, env: dict[str, str]) -> str:
+    """The absolute (or cwd-relative) program path for argv[0]; UsageError when it cannot run."""
+    if not spec.argv:
+        raise UsageError(f"{spec.name}: empty command; give the program to run after '--'")
+    if spec.cwd is not None and not Path(spec.cwd).is_dir():
+        raise UsageError(f"{spec.name}: working directory {str(spec.cwd)!r} does not exist")
+    program = spec.argv[0]
+    if "/" in program:
+        path = Path(program) if spec.cwd is None or Path(program).is_absolute() else Path(spec.cwd) / program
+        if not path.exists():
+            raise UsageError(f"{spec.name}: command {program!r} does not exist")
+        if path.is_dir() or not os.access(path, os.X_OK):
+            raise UsageError(
+                f"{spec.name}: {program!r} is not an executable file "
+                "(chmod +x it, or run it through its interpreter, e.g. 'python x.py')"
+            )
+        return program
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if not found:
+        raise UsageError(f"{spec.name}: command {program!r} not found on PATH")
+    return found
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()  # both close-on-exec; Popen dup2()s the write end onto 1 and 2
+    # EPERM over the per-user pipe quota, or an old kernel: the default 64 KiB works too
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(r, _F_SETPIPE_SZ, PIPE_SIZE)
+    os.set_blocking(r, False)
+    return r, w
+
+
+def start_worker(spec: WorkerSpec, *, pdeathsig: int | None = signal.SIGTERM, job_id: str | None = None) -> Worker:
+    """Start `spec` in its own process group with its own output pipe; see the module docstring.
+
+    `pdeathsig=None` starts the command directly (no wrapper) — for callers that manage lifetime
+    some other way. `job_id` is put in the environment as `PODGUARD_JOB_ID`, which every descendant
+    inherits: the supervisor uses it to tell the job's orphans from other processes when it is PID 1.
+    Raises `UsageError` when the program does not exist or cannot be executed.
+    """
+    env = child_env(spec)
+    if job_id is not None:
+        env[JOB_ID_ENV] = job_id
+    program = resolve_program(spec, env)
+    argv = [program, *spec.argv[1:]]
+    if pdeathsig:
+        argv = pdeathsig_wrapper(pdeathsig) + argv
+    r, w = _pipe()
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=w,
+            stderr=w,
+            env=env,
+            cwd=spec.cwd,
+            close_fds=True,
+            process_group=0,
+            bufsize=0,
+        )
+    except OSError as exc:
+        os.close(r)
+        if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
+            raise UsageError(f"{spec.name}: cannot execute {spec.argv[0]!r}: {exc.strerror}") from None
+        raise PodguardError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror}", 1) from None
+    finally:
+        os.close(w)
+    return Worker(spec=spec, popen=popen, fd=r)

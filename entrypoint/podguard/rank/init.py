@@ -1,0 +1,362 @@
+"""`init_rank`: bring one training process up on the right device and into its process group.
+
+This is the seeds' `compute_init` done right. The seed crashed with "invalid device ordinal" when
+LOCAL_RANK pointed past the visible GPUs, "fixed" a busy GPU by emptying a cache that did not exist yet,
+and fell back to CPU silently, so a run could train for hours on the wrong device. Here:
+
+* LOCAL_RANK is checked against the visible GPU count before any device call, and the error names
+  LOCAL_RANK, the count and CUDA_VISIBLE_DEVICES;
+* the device is claimed by creating its context explicitly, so a "busy or unavailable" GPU is detected
+  here (not at the first forward pass), retried once after a short bounded backoff, and then reported
+  with an exit code that says what it is (75 busy, 76 unhealthy, 69 missing);
+* CPU fallback happens only when the caller allows it, and then with a loud banner;
+* nccl on GPU, gloo on CPU, and the process group only when WORLD_SIZE > 1;
+* one line per rank says what came out: rank, local rank, device, GPU name and UUID, backend.
+
+torch is imported inside the functions: training scripts import this module before their heavy imports
+(and under the import lock), so importing it must cost nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.rank._env import emit, env_int
+
+BACKENDS = ("nccl", "gloo")
+DEVICES = ("auto", "cuda", "cpu")
+ENV_CUDA_DEVICE = "PODGUARD_CUDA_DEVICE"  # explicit device index, set by launchers that isolate one GPU
+_NO_GPU_TOKENS = {"", "-1", "none", "void", "nodevfiles"}
+# Errors that mean "someone else has this GPU right now" (retry may succeed), not "this GPU is broken".
+_BUSY_MARKERS = ("busy or unavailable", "cudaerrordevicesunavailable", "out of memory", "cudaerrormemoryallocation")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The distributed variables a launcher (torchrun, podguard per-gpu) sets, validated."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str | None
+    master_port: int | None
+    local_world_size: int | None
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What `init_rank` settled on for this process. `device` is a string ("cuda:0", "cpu") so the
+    record stays printable and picklable without torch."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str
+    backend: str
+    is_main: bool
+    distributed: bool = False  # True when init_rank created the process group
+    gpu_name: str = ""
+    gpu_uuid: str = ""
+    cpu_fallback: bool = False  # True when a GPU was expected but the CPU is used (allowed fallback)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def barrier(self) -> None:
+        """A barrier across ranks (no-op when not distributed). On nccl it names this rank's device so
+        torch does not guess one (the guess is what produces hangs on mis-mapped ranks)."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[int(self.device.split(":", 1)[1])])
+        else:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Destroy the process group if one exists. Idempotent, and safe when torch was never imported:
+        a clean teardown lets NCCL release its resources instead of leaving it to process exit. Drop your
+        own references to DDP-wrapped models first (they hold the group)."""
+        import gc
+        import sys
+
+        if "torch" not in sys.modules:
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            # A DDP wrapper still referenced from a garbage cycle keeps the group alive past this call,
+            # to be torn down during interpreter shutdown, where gloo's threads can abort the process
+            # ("terminate called without an active exception", exit 134 after a successful run).
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def read_dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Parse RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; absent means a single process.
+
+    Every bad value is a UsageError naming the variable and what is valid."""
+    source = os.environ if env is None else env
+    world_size = env_int("WORLD_SIZE", 1, minimum=1, env=source)
+    rank = env_int("RANK", 0, env=source)
+    local_rank = env_int("LOCAL_RANK", rank, env=source)  # unset: a single-node launcher that sets only RANK
+    if rank >= world_size:
+        raise UsageError(f"RANK={rank} is out of range for WORLD_SIZE={world_size}; valid RANK: 0..{world_size - 1}")
+    local_world = env_int("LOCAL_WORLD_SIZE", 0, env=source) or None
+    addr = (source.get("MASTER_ADDR") or "").strip() or None
+    port: int | None = None
+    if (source.get("MASTER_PORT") or "").strip():
+        port = env_int("MASTER_PORT", None, minimum=1, env=source)
+        if port > 65535:
+            raise UsageError(f"MASTER_PORT={port} is out of range; valid ports: 1..65535")
+    if world_size > 1:
+        missing = [n for n, v in (("MASTER_ADDR", addr), ("MASTER_PORT", port)) if v is None]
+        if missing:
+            raise UsageError(
+                f"WORLD_SIZE={world_size} but {' and '.join(missing)} not set; a distributed run needs "
+                "MASTER_ADDR and MASTER_PORT (torchrun and podguard train set them)"
+            )
+    return DistEnv(rank, local_rank, world_size, addr, port, local_world)
+
+
+def resolve_device_index(local_rank: int, visible_count: int, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Which `cuda:N` this rank should use, and a note on how that was decided.
+
+    Normally N = LOCAL_RANK. A launcher that gives each worker exactly one GPU (podguard's per-gpu mode:
+    CUDA_VISIBLE_DEVICES=<that GPU's UUID>) makes every worker see its GPU as cuda:0 while LOCAL_RANK
+    still counts 0..n-1; it says so with PODGUARD_CUDA_DEVICE=0, or we recognise it: one device listed in
+    CUDA_VISIBLE_DEVICES and no LOCAL_WORLD_SIZE (torchrun always sets that, so two torchrun ranks
+    squeezed onto one GPU are still an error). Anything else past the visible count is the seeds'
+    "invalid device ordinal", caught here with a message that says how to fix it.
+    """
+    source = os.environ if env is None else env
+    cvd_raw = source.get("CUDA_VISIBLE_DEVICES")
+    cvd_shown = "unset (all GPUs visible)" if cvd_raw is None else repr(cvd_raw)
+    if visible_count <= 0:
+        raise PodguardError(
+            f"no GPU is visible to LOCAL_RANK={local_rank} (visible GPUs: 0, CUDA_VISIBLE_DEVICES={cvd_shown})",
+            ExitCode.GPUS_MISSING,
+        )
+    if (source.get(ENV_CUDA_DEVICE) or "").strip():
+        index = env_int(ENV_CUDA_DEVICE, None, env=source)
+        if index >= visible_count:
+            raise UsageError(
+                f"{ENV_CUDA_DEVICE}={index} but only {visible_count} GPU(s) are visible "
+                f"(CUDA_VISIBLE_DEVICES={cvd_shown}); valid: 0..{visible_count - 1}"
+            )
+        return index, f"{ENV_CUDA_DEVICE}={index}"
+    if local_rank < visible_count:
+        return local_rank, f"LOCAL_RANK={local_rank}"
+    listed = [t for t in (cvd_raw or "").split(",") if t.strip()]
+    if visible_count == 1 and len(listed) == 1 and not (source.get("LOCAL_WORLD_SIZE") or "").strip():
+        return 0, f"one GPU isolated by CUDA_VISIBLE_DEVICES={cvd_raw}"
+    raise UsageError(
+        f"LOCAL_RANK={local_rank} but only {visible_count} GPU(s) are visible (CUDA_VISIBLE_DEVICES={cvd_shown}); "
+        f"valid LOCAL_RANK: 0..{visible_count - 1}. Start at most {visible_count} process(es) per node "
+        "(podguard train sizes this from the selected GPUs), or make more GPUs visible"
+    )
+
+
+def is_busy_error(exc: BaseException) -> bool:
+    """True for CUDA errors that mean "held by someone else right now", where a retry may succeed."""
+    text = str(exc).lower()
+    return any(marker in text for marker in _BUSY_MARKERS)
+
+
+def claim_cuda_device(torch_mod: Any, index: int, *, backoff_s: float, rank: int = 0) -> None:
+    """Make `cuda:index` current and create its context now, retrying once after a busy error.
+
+    `torch.cuda.set_device` alone is lazy; the context (and with it a "busy or unavailable" error from an
+    exclusive-process GPU still held by a dying process) only appears at the first allocation. Doing that
+    here turns a crash deep inside model code into a clear decision at start-up. The one retry waits a
+    short, bounded time (plus a small per-rank offset so eight ranks do not retry in lock-step): enough
+    for a process that is exiting to let go, not a blind multi-second sleep. `torch_mod` is a parameter
+    so the retry logic can be tested without a GPU.
+    """
+    for attempt in (1, 2):
+        try:
+            torch_mod.cuda.set_device(index)
+            torch_mod.empty(1, device=f"cuda:{index}")
+            torch_mod.cuda.synchronize(index)
+            return
+        except RuntimeError as exc:  # torch.AcceleratorError is a RuntimeError
+            if attempt == 1 and is_busy_error(exc):
+                wait = min(backoff_s + 0.05 * (rank % 8), 2.0)
+                emit(f"[rank {rank}] INIT: cuda:{index} busy ({_first_line(exc)}); retrying once in {wait:.2f}s")
+                _sleep(wait)
+                continue
+            raise
+
+
+def init_rank(
+    *,
+    backend: str | None = None,
+    device: str = "auto",
+    allow_cpu_fallback: bool = False,
+    timeout_s: float = 300.0,
+    retry_backoff_s: float = 0.5,
+) -> RankContext:
+    """Bring this process up: validate the distributed env, claim the device, join the process group.
+
+    backend: None picks nccl on GPU and gloo on CPU; "gloo" also works with GPUs (and is the only way a
+    distributed run may mix a CPU-fallback rank with GPU ranks). device: "auto" uses CUDA when torch can
+    see it, "cuda" requires it, "cpu" forces the CPU. timeout_s bounds the process-group rendezvous and
+    collectives. Raises UsageError (64) for bad env or arguments, PodguardError with 69 (no GPU), 75
+    (GPU busy after the retry) or 76 (GPU failed) unless CPU fallback is allowed.
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise UsageError(f"backend={backend!r} is not valid; valid: {', '.join(BACKENDS)} or None (automatic)")
+    if device not in DEVICES:
+        raise UsageError(f"device={device!r} is not valid; valid: {', '.join(DEVICES)}")
+    if backend == "nccl" and device == "cpu":
+        raise UsageError("backend='nccl' needs GPUs but device='cpu'; use backend='gloo' on CPU")
+    if not timeout_s > 0:
+        raise UsageError(f"timeout_s={timeout_s!r} must be > 0")
+    if not 0 <= retry_backoff_s <= 2:
+        raise UsageError(f"retry_backoff_s={retry_backoff_s!r} must be between 0 and 2 seconds")
+    dist_env = read_dist_env()
+    rank = dist_env.rank
+
+    import torch
+
+    dev = "cpu"
+    gpu_name = gpu_uuid = ""
+    fallback_reason = ""
+    if device != "cpu":
+        if torch.cuda.is_available():
+            index, how = resolve_device_index(dist_env.local_rank, torch.cuda.device_count())
+            try:
+                claim_cuda_device(torch, index, backoff_s=retry_backoff_s, rank=rank)
+                dev = f"cuda:{index}"
+                gpu_name, gpu_uuid = _gpu_identity(torch, index)
+                if how != f"LOCAL_RANK={dist_env.local_rank}":
+                    emit(f"[rank {rank}] INIT: using cuda:{index} ({how})")
+            except RuntimeError as exc:
+                code = ExitCode.GPUS_BUSY if is_busy_error(exc) else ExitCode.GPU_UNHEALTHY
+                fallback_reason = f"cuda:{index} could not be used: {_first_line(exc)}"
+                if not allow_cpu_fallback:
+                    raise PodguardError(f"rank {rank}: {fallback_reason}", code) from exc
+        elif device == "cuda" or _gpus_expected(torch):
+            fallback_reason = (
+                f"CUDA is not available (torch {torch.__version__}, CUDA build: "
+                f"{torch.version.cuda or 'no (CPU-only build)'}, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
+            )
+            if not allow_cpu_fallback:
+                raise PodguardError(
+                    f"rank {rank}: {fallback_reason}; run `podguard doctor`, or allow CPU fallback",
+                    ExitCode.GPUS_MISSING,
+                )
+
+    if fallback_reason:
+        emit(f"[rank {rank}] " + "!" * 72)
+        emit(f"[rank {rank}] WARNING: FALLING BACK TO CPU: {fallback_reason}")
+        emit(f"[rank {rank}] WARNING: training on CPU is orders of magnitude slower; this is almost never wanted")
+        emit(f"[rank {rank}] " + "!" * 72)
+
+    chosen = backend or ("nccl" if dev.startswith("cuda") else "gloo")
+    if chosen == "nccl" and not dev.startswith("cuda"):
+        raise PodguardError(
+            f"rank {rank}: backend nccl needs a GPU but this rank is on CPU ({fallback_reason or 'no GPU'}); "
+            "the other ranks would hang waiting for it. Use backend='gloo' to allow mixed devices, or fix the GPU",
+            ExitCode.GPUS_MISSING,
+        )
+    if fallback_reason and dist_env.world_size > 1 and backend is None:
+        raise PodguardError(
+            f"rank {rank}: cannot fall back to CPU in a distributed run with the automatic backend (the other "
+            f"ranks use nccl and would hang); pass backend='gloo' to allow it. Cause: {fallback_reason}",
+            ExitCode.GPU_UNHEALTHY,
+        )
+
+    distributed = False
+    took = ""
+    if dist_env.world_size > 1:
+        import datetime
+
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            started = time.monotonic()
+            kwargs: dict[str, Any] = {}
+            if chosen == "nccl":
+                kwargs["device_id"] = torch.device(dev)  # binds the group to this GPU, no guessing later
+            try:
+                dist.init_process_group(
+                    backend=chosen,
+                    init_method="env://",  # env:// (not tcp://) so torchrun's agent store is reused
+                    world_size=dist_env.world_size,
+                    rank=rank,
+                    timeout=datetime.timedelta(seconds=timeout_s),
+                    **kwargs,
+                )
+            except Exception as exc:
+                emit(
+                    f"[rank {rank}] INIT: process group ({chosen}, {dist_env.master_addr}:{dist_env.master_port}, "
+                    f"world {dist_env.world_size}) failed after {time.monotonic() - started:.1f}s: {_first_line(exc)}"
+                )
+                raise
+            took = f" (process group ready in {time.monotonic() - started:.2f}s)"
+        distributed = True
+
+    ctx = RankContext(
+        rank=rank,
+        local_rank=dist_env.local_rank,
+        world_size=dist_env.world_size,
+        device=dev,
+        backend=chosen,
+        is_main=rank == 0,
+        distributed=distributed,
+        gpu_name=gpu_name,
+        gpu_uuid=gpu_uuid,
+        cpu_fallback=bool(fallback_reason),
+    )
+    gpu = f' gpu="{gpu_name}" uuid={gpu_uuid or "n/a"}' if gpu_name else ""
+    emit(
+        f"[rank {rank}] INIT: local_rank={ctx.local_rank} world_size={ctx.world_size} device={dev}{gpu} "
+        f"backend={chosen}{' (CPU FALLBACK)' if ctx.cpu_fallback else ''}{took}"
+    )
+    return ctx
+
+
+def _gpus_expected(torch_mod: Any) -> bool:
+    """Whether a missing CUDA means something is wrong (rather than "this is a CPU node").
+
+    A CUDA build of torch on a host with the NVIDIA driver loaded, with GPUs not hidden on purpose,
+    should see a GPU: its absence is a broken driver/container, not a reason to quietly train on CPU."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip().lower() in _NO_GPU_TOKENS:
+        return False
+    return torch_mod.version.cuda is not None and Path("/proc/driver/nvidia/version").exists()
+
+
+def _gpu_identity(torch_mod: Any, index: int) -> tuple[str, str]:
+    """The GPU's name and UUID for the log line (the UUID is what nvidia-smi and podguard's report show)."""
+    try:
+        props = torch_mod.cuda.get_device_properties(index)
+    except Exception:  # identity is informational; never fail start-up over it
+        return "unknown", ""
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid and not uuid.startswith(("GPU-", "MIG-")):
+        uuid = "GPU-" + uuid
+    return str(getattr(props, "name", "unknown")), uuid
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return re.split(r"\r?\n", text, maxsplit=1)[0][:300]
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep in short slices (never one long blocking sleep) so signals are handled promptly."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))

@@ -1,0 +1,88 @@
+"""The preflight report: a JSON record in the state dir and a short summary a person reads at a glance.
+
+The JSON file is the durable record (what was checked, each GPU's verdict, timings, what was killed and
+why); `latest.json` next to it always points at the newest so `podguard doctor` and a restarted
+container can find it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podguard.state import subdir
+
+MIB = 1 << 20
+
+
+@dataclass
+class Timings:
+    """Millisecond timings of each preflight phase, measured with a monotonic clock."""
+
+    started: float = field(default_factory=time.perf_counter)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases[name] = round((now - since) * 1000, 3)
+        return now
+
+    def total_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000, 3)
+
+
+def write_report(state: Path, command: str, payload: dict[str, Any]) -> Path:
+    """Write the report atomically (temp file + rename) and update latest.json the same way."""
+    reports = subdir(state, "reports")
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    path = reports / f"{stamp}-{os.getpid()}-{command}.json"
+    data = json.dumps(payload, indent=2, sort_keys=False, default=str)
+    for target in (path, reports / "latest.json"):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(data)
+        os.replace(tmp, target)
+    return path
+
+
+def fmt_mib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value // MIB} MiB"
+
+
+def format_summary(payload: dict[str, Any]) -> str:
+    """A few lines: the verdict, one line per GPU that is not plainly healthy, kills, warnings, where to look."""
+    lines: list[str] = []
+    verdict = payload.get("verdict", "?")
+    selection = payload.get("selection") or {}
+    gpus = selection.get("gpus") or []
+    total_ms = payload.get("timings_ms", {}).get("total")
+    where = f"{len(gpus)} GPU(s)" if gpus else "CPU only"
+    head = f"podguard {payload.get('command', 'preflight')}: {verdict.upper()} on {where}"
+    if total_ms is not None:
+        head += f" in {total_ms:.0f} ms"
+    lines.append(head)
+    for warning in payload.get("warnings", []):
+        lines.append(f"  ! {warning}")
+    cleanup = payload.get("cleanup") or {}
+    for kill in cleanup.get("killed", []):
+        lines.append(
+            f"  killed pid {kill.get('pid')} ({kill.get('cmdline', '')[:60]}) on GPU {kill.get('gpus')}: "
+            f"{kill.get('reason', '')}"
+        )
+    for item in cleanup.get("unkillable", []):
+        lines.append(f"  UNKILLABLE pid {item.get('pid')}: {item.get('reason', 'stuck in uninterruptible sleep')}")
+    for gpu in payload.get("gate", {}).get("verdicts", []):
+        if gpu["verdict"] != "healthy":
+            lines.append(f"  GPU{gpu['index']} {gpu['verdict'].upper()}: {'; '.join(gpu['reasons'])}")
+        for warning in gpu.get("warnings", []):
+            lines.append(f"  GPU{gpu['index']} warning: {warning}")
+    if payload.get("message"):
+        lines.append(f"  {payload['message']}")
+    for rec in payload.get("recommendations", []):
+        lines.append(f"  -> {rec}")
+    if payload.get("report_path"):
+        lines.append(f"  report: {payload['report_path']}")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""Shared pytest fixtures. Each owner keeps their fixtures in one delimited block."""
+
+from __future__ import annotations
+
+# ======================================================================================================
+# Fake NVML fixtures (owner: tests/fakenvml). Keep this block together.
+#
+#   fake_nvml      session: the fake libnvidia-ml.so.1 built with gcc from NVML's real header (cached)
+#   fake_nvml_old  session: the "old driver" variant (newer symbols missing -> FunctionNotFound)
+#   nvml_node      function: a fake 8xH100 node in tmp_path, environment set for this process and for
+#                  subprocesses (node.env); see tests/fakenvml/node.py for its API.
+# ======================================================================================================
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakenvml import FakeNvmlBuild, NvmlNode, build_fake_nvml, healthy_h100
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A persistent cache (FAKE_NVML_BUILD_DIR, else build/fakenvml in the repo) so the compile happens
+    once per source change, not once per session; a temporary dir if the repo is read-only."""
+    configured = os.environ.get("FAKE_NVML_BUILD_DIR")
+    candidate = Path(configured) if configured else _REPO_ROOT / "build" / "fakenvml"
+    try:
+        candidate.mkdir(parents=True, exist_ok=True)
+        if os.access(candidate, os.W_OK):
+            return candidate
+    except OSError:
+        pass
+    return tmp_path_factory.mktemp("fakenvml-build")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> FakeNvmlBuild:
+    """The fake NVML library (current driver). `.lib_dir` for LD_LIBRARY_PATH, `.library` for ctypes."""
+    return FakeNvmlBuild(build_fake_nvml(_build_dir(tmp_path_factory), "current"), "current")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_old(tmp_path_factory: pytest.TempPathFactory) -> FakeNvmlBuild:
+    """The fake as an old driver: no *_v2 memory / CUDA version, no _v3 process lists, no MIG, no remapped
+    rows, no clock *event* reasons. Use it in a subprocess (one NVML library per process)."""
+    return FakeNvmlBuild(build_fake_nvml(_build_dir(tmp_path_factory), "old"), "old")
+
+
+@pytest.fixture
+def nvml_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_nvml: FakeNvmlBuild) -> Iterator[NvmlNode]:
+    """A healthy 8xH100 fake node. Change it with `nvml_node.write(scenario)`.
+
+    Sets LD_LIBRARY_PATH, FAKE_NVML_SCENARIO, FAKE_NVML_PROCS_DIR, PODGUARD_DEV_DIR and (for this process
+    only) PODGUARD_NVML_LIBRARY; `nvml_node.env` is the environment for subprocesses. Holders started with
+    `nvml_node.spawn_holder(...)` and backends from `nvml_node.backend()` are cleaned up afterwards."""
+    node = NvmlNode(root=tmp_path / "node", lib_dir=fake_nvml.lib_dir, scenario=healthy_h100())
+    for key, value in node.env_vars().items():
+        monkeypatch.setenv(key, value)
+    node.write()
+    try:
+        yield node
+    finally:
+        node.teardown()
+
+
+# ======================================================================================================
+# End of fake NVML fixtures.
+# ======================================================================================================

@@ -1,0 +1,488 @@
+"""Scenario files for the fake NVML: what the fake GPU node looks like.
+
+Why a file: the fake library is C code loaded into the process under test (and into its children), so
+the simplest shared configuration channel is a small line-based `key=value` file named by the env var
+`FAKE_NVML_SCENARIO`. The fake re-reads it on every `nvmlInit*` and whenever the file changes, so a test
+can change the node while a process runs (`Scenario.write` replaces it atomically).
+
+File format (one `key=value` per line, `#` comments)::
+
+    version=1
+    init_error=LIB_RM_VERSION_MISMATCH     # NVML error name (without NVML_ERROR_), returned by nvmlInit*
+    driver_version=550.54.15
+    nvml_version=12.550.54.15
+    cuda_version=12040                     # as nvmlSystemGetCudaDriverVersion returns it
+    release_delay_ms=0                     # a dead holder's memory stays counted this long
+    procs_dir=/path                        # registry dir (default: procs/ next to the scenario file)
+    gpu_count=8
+    gpu.<i>.<key>=<value>                  # see GPU_KEYS; e.g. gpu.3.mem_total_mib=81559
+    gpu.<i>.unsupported=ecc_mode,ecc_errors   # these fields answer NVML_ERROR_NOT_SUPPORTED
+    gpu.<i>.fail=<field>,<ERROR>           # any error for one field (repeatable)
+    gpu.<i>.mig_device=<MIG-uuid>,<gpu instance id>,<compute instance id>   (repeatable)
+    proc=<pid>,<gpu>,<mem_mib>[,compute|graphics]   # static process (may be a host PID), always listed
+    xid=<gpu>,<xid>[,<after_ms>]           # delivered once by nvmlEventSetWait_v2
+
+Field names for `unsupported`/`fail`: see `FIELDS`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+MIB = 1 << 20
+
+# Fields the fake can switch off (NOT_SUPPORTED) or fail with any error, one per NVML query family.
+FIELDS: frozenset[str] = frozenset(
+    {
+        "handle",  # nvmlDeviceGetHandleByIndex
+        "index",
+        "name",
+        "uuid",
+        "pci",
+        "minor",
+        "memory",  # nvmlDeviceGetMemoryInfo and _v2
+        "utilization",
+        "compute_procs",
+        "graphics_procs",
+        "compute_mode",
+        "persistence",
+        "mig_mode",
+        "mig_devices",  # max count, MIG handles, instance ids
+        "ecc_mode",
+        "ecc_errors",  # nvmlDeviceGetTotalEccErrors
+        "retired_pages",
+        "remapped_rows",
+        "clock_events",  # event and throttle reasons
+        "temperature",
+        "temperature_threshold",
+        "pcie_width",
+        "pcie_width_max",
+        "field_values",  # the whole nvmlDeviceGetFieldValues call
+        "recovery_action",  # the NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field only
+        "events",  # register events / supported event types
+    }
+)
+
+COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_THREAD", "PROHIBITED", "EXCLUSIVE_PROCESS")
+
+# Clock event reason bits (nvml.h nvmlClocksEventReason*).
+CLOCK_GPU_IDLE = 0x1
+CLOCK_SW_POWER_CAP = 0x4
+CLOCK_HW_SLOWDOWN = 0x8
+CLOCK_SW_THERMAL = 0x20
+CLOCK_HW_THERMAL = 0x40
+
+# NVML_GPU_RECOVERY_ACTION_*
+RECOVERY_NONE = 0
+RECOVERY_GPU_RESET = 1
+RECOVERY_NODE_REBOOT = 2
+
+# The PCI bus ids of the 8 GPUs of an HGX H100 board (as NVML prints them), in NVML index order.
+H100_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+H100_NAME = "NVIDIA H100 80GB HBM3"
+H100_MEM_MIB = 81559  # what NVML reports as total for an H100 80GB HBM3
+H100_RESERVED_MIB = 530
+
+
+def gpu_uuid(seed: str) -> str:
+    """A stable, realistic-looking GPU UUID ("GPU-xxxxxxxx-...") derived from `seed`."""
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"podguard-fake-gpu:{seed}"))
+
+
+def mig_uuid(seed: str) -> str:
+    """A stable MIG device UUID ("MIG-xxxxxxxx-...") as CUDA_VISIBLE_DEVICES takes it."""
+    return "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"podguard-fake-mig:{seed}"))
+
+
+@dataclass
+class MigSpec:
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+
+
+@dataclass
+class GpuSpec:
+    """One fake GPU. Defaults are an idle, healthy H100 80GB HBM3; `index` fills in UUID/PCI/minor."""
+
+    index: int = 0
+    name: str = H100_NAME
+    uuid: str = ""
+    pci_bus_id: str = ""
+    pci_device_id: int = 0x233010DE
+    pci_subsys_id: int = 0x16C110DE
+    minor: int | None = None
+    mem_total_mib: int = H100_MEM_MIB
+    mem_reserved_mib: int = H100_RESERVED_MIB
+    mem_used_mib: int = 0  # idle baseline (what NVML's v2 "used" shows with no process)
+    phantom_mib: int = 0  # used memory that no process accounts for
+    util_gpu: int = 0
+    util_mem: int = 0
+    compute_mode: str = "DEFAULT"
+    persistence: bool = True
+    mig: bool = False
+    mig_devices: list[MigSpec] = field(default_factory=list)
+    ecc: bool = True
+    ecc_uncorrected_volatile: int = 0
+    ecc_corrected_volatile: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    ecc_corrected_aggregate: int = 0
+    retired_pages_pending: bool = False
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    clock_events: int = CLOCK_GPU_IDLE
+    temperature_c: int = 33
+    temperature_slowdown_c: int = 87
+    temperature_shutdown_c: int = 92
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    recovery_action: int = RECOVERY_NONE
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    fail: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.uuid:
+            self.uuid = gpu_uuid(f"h100-{self.index}")
+        if not self.pci_bus_id:
+            bus = H100_BUS_IDS[self.index] if self.index < len(H100_BUS_IDS) else f"{0xE0 + self.index:02X}"
+            self.pci_bus_id = f"00000000:{bus}:00.0"
+        if self.minor is None:
+            self.minor = self.index
+
+    def lines(self) -> list[str]:
+        if self.compute_mode not in COMPUTE_MODES:
+            raise ValueError(f"gpu {self.index}: compute_mode {self.compute_mode!r} not in {COMPUTE_MODES}")
+        unknown = (set(self.unsupported) | set(self.fail)) - FIELDS
+        if unknown:
+            raise ValueError(f"gpu {self.index}: unknown fields {sorted(unknown)}; valid: {sorted(FIELDS)}")
+        p = f"gpu.{self.index}."
+        values: dict[str, object] = {
+            "name": self.name,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "pci_device_id": hex(self.pci_device_id),
+            "pci_subsys_id": hex(self.pci_subsys_id),
+            "minor": self.minor,
+            "mem_total_mib": self.mem_total_mib,
+            "mem_reserved_mib": self.mem_reserved_mib,
+            "mem_used_mib": self.mem_used_mib,
+            "phantom_mib": self.phantom_mib,
+            "util_gpu": self.util_gpu,
+            "util_mem": self.util_mem,
+            "compute_mode": self.compute_mode,
+            "persistence": int(self.persistence),
+            "mig": int(self.mig),
+            "ecc": int(self.ecc),
+            "ecc_unc_volatile": self.ecc_uncorrected_volatile,
+            "ecc_corr_volatile": self.ecc_corrected_volatile,
+            "ecc_unc_aggregate": self.ecc_uncorrected_aggregate,
+            "ecc_corr_aggregate": self.ecc_corrected_aggregate,
+            "retired_pending": int(self.retired_pages_pending),
+            "remap_corr": self.remap_correctable,
+            "remap_unc": self.remap_uncorrectable,
+            "remap_pending": int(self.remap_pending),
+            "remap_failure": int(self.remap_failure),
+            "clock_events": hex(self.clock_events),
+            "temp": self.temperature_c,
+            "temp_slowdown": self.temperature_slowdown_c,
+            "temp_shutdown": self.temperature_shutdown_c,
+            "pcie_width": self.pcie_width,
+            "pcie_width_max": self.pcie_width_max,
+            "recovery_action": self.recovery_action,
+            "lost": int(self.lost),
+        }
+        out = [f"{p}{k}={v}" for k, v in values.items()]
+        out += [f"{p}mig_device={m.uuid},{m.gpu_instance_id},{m.compute_instance_id}" for m in self.mig_devices]
+        if self.unsupported:
+            out.append(f"{p}unsupported={','.join(sorted(self.unsupported))}")
+        out += [f"{p}fail={name},{err}" for name, err in sorted(self.fail.items())]
+        return out
+
+    @property
+    def memory_total(self) -> int:
+        return self.mem_total_mib * MIB
+
+
+@dataclass
+class ProcSpec:
+    """A process NVML lists regardless of whether it exists locally (e.g. a host PID)."""
+
+    pid: int
+    gpu: int
+    mem_mib: int
+    kind: str = "compute"
+
+
+@dataclass
+class XidSpec:
+    """An XID the fake delivers once, `after_ms` after an event set is created."""
+
+    gpu: int
+    xid: int
+    after_ms: int = 0
+
+
+@dataclass
+class Scenario:
+    """A whole fake node. Mutate it, then `write()` it; the fake picks up the change."""
+
+    gpus: list[GpuSpec] = field(default_factory=list)
+    driver_version: str = "550.54.15"
+    nvml_version: str = "12.550.54.15"
+    cuda_driver_version: int = 12040
+    init_error: str | None = None
+    procs: list[ProcSpec] = field(default_factory=list)
+    xids: list[XidSpec] = field(default_factory=list)
+    release_delay_ms: int = 0
+    procs_dir: Path | None = None
+    description: str = ""
+
+    def gpu(self, index: int) -> GpuSpec:
+        return self.gpus[index]
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def to_text(self) -> str:
+        lines = ["# podguard fake NVML scenario", "version=1"]
+        if self.description:
+            lines.append(f"# {self.description}")
+        if self.init_error:
+            lines.append(f"init_error={self.init_error}")
+        lines += [
+            f"driver_version={self.driver_version}",
+            f"nvml_version={self.nvml_version}",
+            f"cuda_version={self.cuda_driver_version}",
+            f"release_delay_ms={self.release_delay_ms}",
+            f"gpu_count={len(self.gpus)}",
+        ]
+        if self.procs_dir is not None:
+            lines.append(f"procs_dir={self.procs_dir}")
+        for i, gpu in enumerate(self.gpus):
+            if gpu.index != i:
+                raise ValueError(f"gpus[{i}] has index {gpu.index}; indices must be 0..n-1 in order")
+            lines += gpu.lines()
+        lines += [f"proc={p.pid},{p.gpu},{p.mem_mib},{p.kind}" for p in self.procs]
+        lines += [f"xid={x.gpu},{x.xid},{x.after_ms}" for x in self.xids]
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: Path) -> Path:
+        """Write atomically (temp file + rename): a reader never sees half a scenario, and the new inode
+        tells the fake to re-read even within one mtime tick."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.to_text())
+        os.replace(tmp, path)
+        return path
+
+    def copy(self, **changes: object) -> Scenario:
+        """A deep-enough copy (GPU specs copied) so builders can derive scenarios safely."""
+        dup = replace(self, **changes)  # type: ignore[arg-type]
+        dup.gpus = [
+            replace(g, mig_devices=list(g.mig_devices), unsupported=set(g.unsupported), fail=dict(g.fail))
+            for g in dup.gpus
+        ]
+        dup.procs = list(dup.procs)
+        dup.xids = list(dup.xids)
+        return dup
+
+
+# ------------------------------------------------------------------------------------------------------
+# Standard scenarios
+# ------------------------------------------------------------------------------------------------------
+
+
+def healthy_h100(count: int = 8) -> Scenario:
+    """An idle HGX H100 node: `count` healthy H100 80GB HBM3 GPUs, driver 550, CUDA 12.4."""
+    return Scenario(gpus=[GpuSpec(index=i) for i in range(count)], description=f"healthy {count}xH100")
+
+
+def fewer_gpus(count: int = 4) -> Scenario:
+    """Only `count` GPUs present (a node where 8 were expected)."""
+    sc = healthy_h100(count)
+    sc.description = f"{count} GPUs present"
+    return sc
+
+
+def exclusive_process(gpu: int = 0, count: int = 8) -> Scenario:
+    """One GPU in EXCLUSIVE_PROCESS compute mode: a live process there means its context blocks others."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].compute_mode = "EXCLUSIVE_PROCESS"
+    sc.description = f"GPU {gpu} exclusive-process"
+    return sc
+
+
+def phantom_memory(gpu: int = 2, mib: int = 2048, count: int = 8) -> Scenario:
+    """Used memory on one GPU with no process to account for it (another namespace, a dying context)."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].phantom_mib = mib
+    sc.description = f"{mib} MiB phantom memory on GPU {gpu}"
+    return sc
+
+
+def ecc_and_remap(ecc_gpu: int = 1, remap_gpu: int = 2, count: int = 8) -> Scenario:
+    """Uncorrected volatile ECC errors on one GPU, a pending row remap on another."""
+    sc = healthy_h100(count)
+    sc.gpus[ecc_gpu].ecc_uncorrected_volatile = 2
+    sc.gpus[ecc_gpu].ecc_uncorrected_aggregate = 2
+    sc.gpus[ecc_gpu].ecc_corrected_volatile = 14
+    sc.gpus[remap_gpu].remap_pending = True
+    sc.gpus[remap_gpu].remap_uncorrectable = 1
+    sc.description = f"uncorrected ECC on GPU {ecc_gpu}, pending row remap on GPU {remap_gpu}"
+    return sc
+
+
+def remap_failure(gpu: int = 0, count: int = 8) -> Scenario:
+    """A failed row remap: the GPU needs a reset or replacement."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].remap_failure = True
+    sc.gpus[gpu].remap_uncorrectable = 512
+    sc.description = f"row remap failure on GPU {gpu}"
+    return sc
+
+
+def retired_pages(gpu: int = 3, count: int = 8) -> Scenario:
+    """Retired pages pending on one GPU (needs a reset/reboot to take effect)."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].retired_pages_pending = True
+    sc.description = f"retired pages pending on GPU {gpu}"
+    return sc
+
+
+def lost_gpu(gpu: int = 5, count: int = 8) -> Scenario:
+    """One GPU has fallen off the bus: every query but its PCI info answers GPU_IS_LOST."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].lost = True
+    sc.description = f"GPU {gpu} lost"
+    return sc
+
+
+def init_failure(error: str) -> Scenario:
+    """nvmlInit fails with `error` (an NVML error name, e.g. DRIVER_NOT_LOADED)."""
+    sc = healthy_h100(8)
+    sc.init_error = error
+    sc.description = f"nvmlInit -> {error}"
+    return sc
+
+
+def version_mismatch() -> Scenario:
+    """Driver/library mismatch: the container's user-space driver does not match the host kernel module."""
+    return init_failure("LIB_RM_VERSION_MISMATCH")
+
+
+def driver_not_loaded() -> Scenario:
+    """The library is there but the kernel module is not loaded."""
+    return init_failure("DRIVER_NOT_LOADED")
+
+
+# What a consumer board (RunPod has many) answers NOT_SUPPORTED for.
+CONSUMER_UNSUPPORTED: frozenset[str] = frozenset(
+    {
+        "ecc_mode",
+        "ecc_errors",
+        "retired_pages",
+        "remapped_rows",
+        "mig_mode",
+        "mig_devices",
+        "recovery_action",
+        "events",
+        "persistence",
+    }
+)
+
+
+def fields_unsupported(count: int = 2) -> Scenario:
+    """RTX 4090s on an older driver: ECC, MIG, row remap, retired pages, recovery action, events are n/a.
+
+    Pair with the "old" library variant (`build_fake_nvml(dest, "old")`) to also exercise symbols
+    that the driver does not export at all (pynvml's FunctionNotFound)."""
+    gpus = [
+        GpuSpec(
+            index=i,
+            name="NVIDIA GeForce RTX 4090",
+            uuid=gpu_uuid(f"rtx4090-{i}"),
+            pci_bus_id=f"00000000:{0x01 + i * 0x20:02X}:00.0",
+            pci_device_id=0x268410DE,
+            pci_subsys_id=0x16F110DE,
+            mem_total_mib=24564,
+            mem_reserved_mib=334,
+            ecc=False,
+            temperature_slowdown_c=90,
+            unsupported=set(CONSUMER_UNSUPPORTED),
+        )
+        for i in range(count)
+    ]
+    return Scenario(
+        gpus=gpus,
+        driver_version="535.104.05",
+        nvml_version="12.535.104.05",
+        cuda_driver_version=12020,
+        description="fields unsupported (consumer GPUs, older driver)",
+    )
+
+
+def mig_enabled(gpu: int = 0, devices: int = 2, count: int = 8) -> Scenario:
+    """MIG on for one GPU with `devices` MIG devices (3g.40gb-style instances)."""
+    sc = healthy_h100(count)
+    g = sc.gpus[gpu]
+    g.mig = True
+    g.mig_devices = [
+        MigSpec(uuid=mig_uuid(f"{gpu}-{i}"), gpu_instance_id=1 + i * 1, compute_instance_id=0) for i in range(devices)
+    ]
+    g.unsupported.add("utilization")  # the driver does not report utilisation for a GPU in MIG mode
+    sc.description = f"MIG enabled on GPU {gpu} with {devices} devices"
+    return sc
+
+
+def slowdown_thermal_link(gpu: int = 0, count: int = 8) -> Scenario:
+    """Hardware slowdown while idle, temperature at the slowdown threshold, PCIe link x8 of x16."""
+    sc = healthy_h100(count)
+    g = sc.gpus[gpu]
+    g.clock_events = CLOCK_GPU_IDLE | CLOCK_HW_SLOWDOWN | CLOCK_HW_THERMAL
+    g.temperature_c = g.temperature_slowdown_c
+    g.pcie_width = 8
+    sc.description = f"hw slowdown + thermal + PCIe x8 on GPU {gpu}"
+    return sc
+
+
+def recovery_action(gpu: int = 0, action: int = RECOVERY_GPU_RESET, count: int = 8) -> Scenario:
+    """The driver asks for a recovery action (reset/reboot) on one GPU."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].recovery_action = action
+    sc.description = f"recovery action {action} on GPU {gpu}"
+    return sc
+
+
+def xid(gpu: int = 3, code: int = 79, after_ms: int = 0, count: int = 8) -> Scenario:
+    """An XID (79: GPU has fallen off the bus) on one GPU, delivered once via the event API."""
+    sc = healthy_h100(count)
+    sc.xids.append(XidSpec(gpu=gpu, xid=code, after_ms=after_ms))
+    sc.description = f"XID {code} on GPU {gpu}"
+    return sc
+
+
+STANDARD_SCENARIOS = {
+    "healthy_h100": healthy_h100,
+    "fewer_gpus": fewer_gpus,
+    "exclusive_process": exclusive_process,
+    "phantom_memory": phantom_memory,
+    "ecc_and_remap": ecc_and_remap,
+    "remap_failure": remap_failure,
+    "retired_pages": retired_pages,
+    "lost_gpu": lost_gpu,
+    "version_mismatch": version_mismatch,
+    "driver_not_loaded": driver_not_loaded,
+    "fields_unsupported": fields_unsupported,
+    "mig_enabled": mig_enabled,
+    "slowdown_thermal_link": slowdown_thermal_link,
+    "recovery_action": recovery_action,
+    "xid": xid,
+}
