@@ -188,3 +188,12 @@ def test_degenerate_inputs(data):
     s = p.add("w", None, prefix="P:")
     _feed_all(p, s, [data])
     assert all(line.startswith(b"P:") for line in out.getvalue().split(b"\n")[:-1])
+
+
+def test_text_stream_without_a_file_descriptor():
+    out = io.StringIO()
+    p = Printer(out)
+    s = p.add("w", None, prefix="GPU0:")
+    p.feed(s, "héllo\n".encode())
+    p.flush()
+    assert out.getvalue() == "GPU0:héllo\n"

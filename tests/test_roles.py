@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import UsageError
-from podguard.launch.modes import READY_TIMEOUT_EXIT, load_roles, parse_roles, run_roles
+from podguard.launch.modes import READY_TIMEOUT_EXIT, load_roles, only_for_gpu, parse_roles, run_roles
 from podguard.selection import SelectedGpu, Selection
 
 PY = sys.executable
@@ -246,3 +246,11 @@ after = ["server"]
     text = out.getvalue().decode()
     assert outcome.exit_code == 0, text
     assert "role server is ready (answered" in text and "client:b'ok'" in text
+
+
+def test_only_gpu_for_roles_and_plan_specs():
+    plan = _plan(
+        {"roles": {"a": {"command": ["x"], "gpus": 1}, "b": {"command": ["y"], "gpus": "rest", "per_gpu": True}}}
+    )
+    assert [s.name for s in plan.specs()] == ["a", "b.0", "b.1", "b.2"]
+    assert only_for_gpu(plan.specs(), 0) == {"a"} and only_for_gpu(plan.specs(), 2) == {"b.1"}

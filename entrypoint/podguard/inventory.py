@@ -94,6 +94,4 @@ def render_inventory(payload: dict[str, Any]) -> str:
             lines.append(f"children get CUDA_VISIBLE_DEVICES={sel['child_env']['CUDA_VISIBLE_DEVICES']}")
     for warning in payload.get("warnings", []):
         lines.append(f"! {warning}")
-    if payload.get("error"):
-        lines.append(f"error: {payload['error']['message']}")
     return "\n".join(lines)

@@ -94,8 +94,8 @@ def validate_options(opts: PreflightOptions) -> None:
         ("probe-timeout", opts.probe_timeout_s),
         ("xid-window", opts.xid_window_s),
     ):
-        if not (value >= 0) or value == float("inf"):
-            raise UsageError(f"--{name}={value!r} is not valid; expected a finite number of seconds >= 0")
+        if not (0 <= value < float("inf")):
+            raise UsageError(f"--{name}={value:g} is not valid; expected a finite number of seconds >= 0")
     if opts.probe_timeout_s == 0 and opts.probe != "off":
         raise UsageError("--probe-timeout=0 is not valid with a probe; expected seconds > 0 (or PODGUARD_PROBE=off)")
     if opts.idle_memory_mib < 0:
@@ -273,7 +273,11 @@ def run_preflight(
         payload["report_path"] = str(report_path)
     except OSError as exc:
         payload["warnings"].append(f"could not write the report: {exc}")
-    summary = format_summary(payload)
+    if exit_code == ExitCode.USAGE:
+        # bad input: one line naming the bad value; nothing was done, so no summary to read
+        summary = f"podguard: error: {message}"
+    else:
+        summary = format_summary(payload)
     _emit(out, quiet, summary)
     return PreflightResult(exit_code, selection, report_path, summary, message, lease)
 

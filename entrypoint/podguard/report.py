@@ -59,7 +59,7 @@ def format_summary(payload: dict[str, Any]) -> str:
     selection = payload.get("selection") or {}
     gpus = selection.get("gpus") or []
     total_ms = payload.get("timings_ms", {}).get("total")
-    where = f"{len(gpus)} GPU(s)" if gpus else "CPU only"
+    where = f"{len(gpus)} GPU(s)" if gpus else ("CPU only" if selection else "this node")
     head = f"podguard {payload.get('command', 'preflight')}: {verdict.upper()} on {where}"
     if total_ms is not None:
         head += f" in {total_ms:.0f} ms"
@@ -67,6 +67,12 @@ def format_summary(payload: dict[str, Any]) -> str:
     for warning in payload.get("warnings", []):
         lines.append(f"  ! {warning}")
     cleanup = payload.get("cleanup") or {}
+    if cleanup.get("dry_run"):
+        for target in cleanup.get("planned", []):
+            lines.append(
+                f"  would stop pid {target.get('pid')} ({(target.get('cmdline') or '')[:60]}) on GPU "
+                f"{target.get('gpus')}: {target.get('reason', '')}"
+            )
     for kill in cleanup.get("killed", []):
         lines.append(
             f"  killed pid {kill.get('pid')} ({kill.get('cmdline', '')[:60]}) on GPU {kill.get('gpus')}: "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from typer import exceptions as typer_exc
 from typer._click import exceptions as click_exc
 
 from podguard import __version__
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.ClickException as exc:
         print(f"podguard: error: {exc.format_message()}", file=sys.stderr)
         code = ExitCode.USAGE
-    except click_exc.Abort:
+    except typer_exc.Abort:
         code = 130
     except PodguardError as exc:
         print(f"podguard: error: {exc.message}", file=sys.stderr)

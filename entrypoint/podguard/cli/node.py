@@ -46,6 +46,7 @@ def gpus(
     else:
         print(render_inventory(payload))
     if payload.get("error"):
+        print(f"podguard: error: {payload['error']['message']}", file=sys.stderr)
         raise typer.Exit(payload["error"]["exit_code"])
 
 
@@ -55,11 +56,11 @@ def health(
     expect_gpus: o.ExpectGpus = None,
     on_fewer: o.OnFewer = "fail",
     require_gpu: o.RequireGpu = False,
-    idle_memory_mib: o.IdleMemory = 512,
+    idle_memory_mib: o.IdleMemory = "512",
     probe: o.Probe = "auto",
     probe_cmd: o.ProbeCmd = None,
-    probe_timeout: o.ProbeTimeout = 60.0,
-    temperature_margin: o.TempMargin = 0,
+    probe_timeout: o.ProbeTimeout = "60",
+    temperature_margin: o.TempMargin = "0",
     fail_on_warnings: o.FailOnWarnings = False,
     state_dir: o.StateDir = None,
     as_json: o.Json = False,
@@ -80,17 +81,17 @@ def health(
         fail_on_warnings=fail_on_warnings,
         state_dir=state_dir,
     )
-    _finish(run_preflight(opts, quiet=as_json), as_json)
+    _finish(run_preflight(opts), as_json)
 
 
 def cleanup(
     dry_run: bool = typer.Option(False, "--dry-run", envvar="PODGUARD_DRY_RUN", help="Report, kill nothing."),
     gpu_list: o.GpuList = None,
-    busy_timeout: o.BusyTimeout = 60.0,
-    grace: o.Grace = 7.0,
+    busy_timeout: o.BusyTimeout = "60",
+    grace: o.Grace = "7",
     protect: o.Protect = None,
     kill_pattern: o.KillPattern = None,
-    idle_memory_mib: o.IdleMemory = 512,
+    idle_memory_mib: o.IdleMemory = "512",
     state_dir: o.StateDir = None,
     dev_dir: o.DevDir = Path("/dev"),
     as_json: o.Json = False,
@@ -110,7 +111,7 @@ def cleanup(
         probe="off",
         on_fewer="continue",
     )
-    _finish(run_preflight(opts, quiet=as_json), as_json)
+    _finish(run_preflight(opts), as_json)
 
 
 def doctor(

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from podguard.errors import UsageError
 from podguard.preflight import PreflightOptions
 
 PREFLIGHT = "Preflight"
@@ -71,7 +72,7 @@ Cleanup = Annotated[
     ),
 ]
 BusyTimeout = Annotated[
-    float,
+    str,
     typer.Option(
         "--busy-timeout",
         envvar="PODGUARD_BUSY_TIMEOUT",
@@ -80,7 +81,7 @@ BusyTimeout = Annotated[
     ),
 ]
 Grace = Annotated[
-    float,
+    str,
     typer.Option(
         "--grace",
         envvar="PODGUARD_GRACE",
@@ -107,7 +108,7 @@ KillPattern = Annotated[
     ),
 ]
 IdleMemory = Annotated[
-    int,
+    str,
     typer.Option(
         "--idle-memory-mib",
         envvar="PODGUARD_IDLE_MEMORY_MIB",
@@ -134,7 +135,7 @@ ProbeCmd = Annotated[
     ),
 ]
 ProbeTimeout = Annotated[
-    float,
+    str,
     typer.Option(
         "--probe-timeout",
         envvar="PODGUARD_PROBE_TIMEOUT",
@@ -143,7 +144,7 @@ ProbeTimeout = Annotated[
     ),
 ]
 TempMargin = Annotated[
-    int,
+    str,
     typer.Option(
         "--temperature-margin",
         envvar="PODGUARD_TEMPERATURE_MARGIN",
@@ -190,15 +191,15 @@ def build_options(
     require_gpu: bool = False,
     cleanup: bool = True,
     dry_run: bool = False,
-    busy_timeout: float = 60.0,
-    grace: float = 7.0,
+    busy_timeout: str | float = 60.0,
+    grace: str | float = 7.0,
     protect: list[str] | None = None,
     kill_pattern: list[str] | None = None,
-    idle_memory_mib: int = 512,
+    idle_memory_mib: str | int = 512,
     probe: str = "auto",
     probe_cmd: str | None = None,
-    probe_timeout: float = 60.0,
-    temperature_margin: int = 0,
+    probe_timeout: str | float = 60.0,
+    temperature_margin: str | int = 0,
     fail_on_warnings: bool = False,
     state_dir: Path | None = None,
     dev_dir: Path = Path("/dev"),
@@ -212,20 +213,41 @@ def build_options(
         require_gpu=require_gpu,
         cleanup=cleanup,
         dry_run=dry_run,
-        busy_timeout_s=busy_timeout,
-        grace_s=grace,
+        busy_timeout_s=parse_seconds(busy_timeout, "--busy-timeout"),
+        grace_s=parse_seconds(grace, "--grace"),
         protect=tuple(_split(protect)),
         kill_patterns=tuple(_split(kill_pattern)),
-        idle_memory_mib=idle_memory_mib,
+        idle_memory_mib=parse_int(idle_memory_mib, "--idle-memory-mib"),
         probe=probe.strip().lower(),
         probe_cmd=probe_cmd or None,
-        probe_timeout_s=probe_timeout,
-        max_temperature_margin_c=temperature_margin,
+        probe_timeout_s=parse_seconds(probe_timeout, "--probe-timeout"),
+        max_temperature_margin_c=parse_int(temperature_margin, "--temperature-margin"),
         fail_on_warnings=fail_on_warnings,
         state_dir=state_dir,
         dev_dir=dev_dir,
         command=command,
     )
+
+
+def parse_seconds(raw: str | float, name: str) -> float:
+    """A duration in seconds; the error names the option and the bad value (exit 64)."""
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number of seconds; expected e.g. 30 or 0.5") from None
+    if not (0 <= value < float("inf")):
+        raise UsageError(f"{name}={raw} is not valid; expected a finite number of seconds >= 0")
+    return value
+
+
+def parse_int(raw: str | int, name: str, minimum: int = 0) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a whole number; expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise UsageError(f"{name}={value} is not valid; expected an integer >= {minimum}")
+    return value
 
 
 def _split(values: list[str] | None) -> list[str]:

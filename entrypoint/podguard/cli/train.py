@@ -167,7 +167,7 @@ MasterPort = Annotated[
     ),
 ]
 MaxRestarts = Annotated[
-    int,
+    str,
     typer.Option(
         "--max-restarts",
         envvar="PODGUARD_MAX_RESTARTS",
@@ -210,7 +210,7 @@ class LaunchConfig:
         node_rank: str | None,
         master_addr: str | None,
         master_port: str | None,
-        max_restarts: int,
+        max_restarts: str,
         grace: float,
     ) -> None:
         from podguard.launch.outcome import validate_on_exit
@@ -274,11 +274,7 @@ class LaunchConfig:
             from podguard.launch.torchrun import parse_port
 
             self.master_port = parse_port(master_port, "MASTER_PORT")
-        if max_restarts < 0:
-            raise UsageError(f"--max-restarts={max_restarts} is not valid; expected an integer >= 0")
-        self.max_restarts = max_restarts
-        if not (grace >= 0) or grace == float("inf"):
-            raise UsageError(f"--grace={grace!r} is not valid; expected a finite number of seconds >= 0")
+        self.max_restarts = o.parse_int(max_restarts, "--max-restarts")
         self.grace = grace
         if self.multi_node and self.mode not in ("torchrun", "auto"):
             raise UsageError(f"multi-node (NUM_NODES={self.nnodes}) needs --mode=torchrun, not --mode={self.mode}")
@@ -323,22 +319,22 @@ def train(
     node_rank: NodeRank = None,
     master_addr: MasterAddr = None,
     master_port: MasterPort = None,
-    max_restarts: MaxRestarts = 0,
+    max_restarts: MaxRestarts = "0",
     gpu_list: o.GpuList = None,
     nproc_per_node: o.NprocPerNode = None,
     expect_gpus: o.ExpectGpus = None,
     on_fewer: o.OnFewer = "fail",
     require_gpu: o.RequireGpu = False,
     cleanup: o.Cleanup = True,
-    busy_timeout: o.BusyTimeout = 60.0,
-    grace: o.Grace = 7.0,
+    busy_timeout: o.BusyTimeout = "60",
+    grace: o.Grace = "7",
     protect: o.Protect = None,
     kill_pattern: o.KillPattern = None,
-    idle_memory_mib: o.IdleMemory = 512,
+    idle_memory_mib: o.IdleMemory = "512",
     probe: o.Probe = "auto",
     probe_cmd: o.ProbeCmd = None,
-    probe_timeout: o.ProbeTimeout = 60.0,
-    temperature_margin: o.TempMargin = 0,
+    probe_timeout: o.ProbeTimeout = "60",
+    temperature_margin: o.TempMargin = "0",
     fail_on_warnings: o.FailOnWarnings = False,
     state_dir: o.StateDir = None,
     dev_dir: o.DevDir = Path("/dev"),
@@ -370,7 +366,7 @@ def train(
         master_addr=master_addr,
         master_port=master_port,
         max_restarts=max_restarts,
-        grace=grace,
+        grace=o.parse_seconds(grace, "--grace"),
     )
     opts = o.build_options(
         "train",
@@ -407,15 +403,15 @@ def run(
     on_fewer: o.OnFewer = "fail",
     require_gpu: o.RequireGpu = False,
     cleanup: o.Cleanup = True,
-    busy_timeout: o.BusyTimeout = 60.0,
-    grace: o.Grace = 7.0,
+    busy_timeout: o.BusyTimeout = "60",
+    grace: o.Grace = "7",
     protect: o.Protect = None,
     kill_pattern: o.KillPattern = None,
-    idle_memory_mib: o.IdleMemory = 512,
+    idle_memory_mib: o.IdleMemory = "512",
     probe: o.Probe = "auto",
     probe_cmd: o.ProbeCmd = None,
-    probe_timeout: o.ProbeTimeout = 60.0,
-    temperature_margin: o.TempMargin = 0,
+    probe_timeout: o.ProbeTimeout = "60",
+    temperature_margin: o.TempMargin = "0",
     fail_on_warnings: o.FailOnWarnings = False,
     state_dir: o.StateDir = None,
     dev_dir: o.DevDir = Path("/dev"),
@@ -438,8 +434,8 @@ def run(
         node_rank=None,
         master_addr=None,
         master_port=None,
-        max_restarts=0,
-        grace=grace,
+        max_restarts="0",
+        grace=o.parse_seconds(grace, "--grace"),
     )
     opts = o.build_options(
         "run",
@@ -473,7 +469,7 @@ def sweep(
     ),
     name: str | None = typer.Option(None, "--name", envvar="PODGUARD_SWEEP_NAME", help="Sweep name (for logs)."),
     gpu_list: o.GpuList = None,
-    grace: o.Grace = 7.0,
+    grace: o.Grace = "7",
     state_dir: o.StateDir = None,
 ) -> None:
     """Launch N concurrent `podguard train` runs of K GPUs each on this node (disjoint GPUs, distinct ports)."""
@@ -489,7 +485,7 @@ def sweep(
     if selection.cpu_only:
         raise PodguardError("a sweep splits GPUs between runs, but this node has no GPU", ExitCode.GPUS_MISSING)
     plan = plan_sweep(list(selection.indices), gpus_per_run, runs)
-    result = run_sweep(plan, argv, name=name, log_dir=base / "sweeps", grace_s=grace)
+    result = run_sweep(plan, argv, name=name, log_dir=base / "sweeps", grace_s=o.parse_seconds(grace, "--grace"))
     raise typer.Exit(result.exit_code)
 
 
@@ -539,7 +535,7 @@ def launch(cfg: LaunchConfig, opts: PreflightOptions, *, wait_for_gpus: bool) ->
 
             choice = pick_mode(cfg.argv, selection)
             mode = choice.mode
-            _say(f"podguard: mode {mode}: {choice.reason}")
+            _say(f"podguard: {choice.reason}")
         port = cfg.master_port
         if mode in ("per-gpu", "roles") or (mode == "torchrun" and port is not None and not cfg.multi_node):
             from podguard.leases import allocate_master_port
@@ -553,9 +549,7 @@ def launch(cfg: LaunchConfig, opts: PreflightOptions, *, wait_for_gpus: bool) ->
             outcome, key=key, argv=cfg.argv or [str(cfg.job_file)], mode=mode, started_at=started, state=base
         )
         code = outcome.exit_code
-        if outcome.detail:
-            _say(f"podguard: {outcome.detail}")
-        _say(f"podguard: logs and outcome: {run_dir}")
+        _say(f"podguard: logs: {run_dir}")
     finally:
         if port_lease is not None:
             port_lease.release()
@@ -599,8 +593,11 @@ def _run_mode(
             only_local_ranks=None if cfg.only_gpu is None else _local_rank_of(selection, cfg.only_gpu),
             shutdown_timeout_s=max(cfg.grace - 1.0, 1.0),
         )
-        outcome = run_job([spec], grace_s=cfg.grace)
-        return explain_torchrun_failure(outcome, errors)
+        from podguard.launch.supervisor import format_summary
+
+        outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace, summary=False), errors)
+        _say(format_summary(outcome))
+        return outcome
     if mode == "single":
         specs = [modes.single_spec(cfg.argv, selection, log_dir=logs, env=env)]
     else:

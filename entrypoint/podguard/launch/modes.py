@@ -368,8 +368,8 @@ class RolesPlan:
     roles: tuple[Role, ...]  # in file order
     source: str  # the file name, for messages
 
-    @property
     def specs(self) -> list[WorkerSpec]:
+        """Every role's WorkerSpecs, in file order (e.g. for `only_for_gpu`)."""
         return [s for r in self.roles for s in r.specs]
 
     def role(self, name: str) -> Role:
@@ -875,9 +875,9 @@ def run_roles(
         if isinstance(job, RolesPlan)
         else load_roles(job, selection, master_port=master_port, master_addr=master_addr, log_dir=log_dir)
     )
-    check_specs(plan.specs)
+    check_specs(plan.specs())
     if only is not None:
-        names = {s.name for s in plan.specs}
+        names = {s.name for s in plan.specs()}
         unknown = sorted(set(only) - names)
         if unknown:
             raise UsageError(f"cannot show only {unknown}: no such worker; workers are {', '.join(sorted(names))}")

@@ -36,6 +36,7 @@ Rules (what users see):
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import select
 import sys
@@ -77,7 +78,8 @@ class _Sink:
 
     def __init__(self, out: BinaryIO | TextIO | int | None) -> None:
         self.fd: int | None = None
-        self.obj: BinaryIO | None = None
+        self.obj: BinaryIO | TextIO | None = None
+        self.text = False  # a text stream without a binary buffer (io.StringIO, captured stdout)
         if out is None:
             out = sys.stdout
         if isinstance(out, int):
@@ -88,14 +90,15 @@ class _Sink:
         try:
             self.fd = out.fileno()
         except (AttributeError, OSError, ValueError):
-            buffer = getattr(out, "buffer", out)
-            self.obj = buffer  # type: ignore[assignment]
+            buffer = getattr(out, "buffer", None)
+            self.obj = buffer if buffer is not None else out
+            self.text = buffer is None and isinstance(out, io.TextIOBase)
 
     def write(self, data: bytes) -> None:
         if self.fd is not None:
             write_all(self.fd, data)
         elif self.obj is not None:
-            self.obj.write(data)
+            self.obj.write(data.decode("utf-8", "replace") if self.text else data)  # type: ignore[arg-type]
             with contextlib.suppress(Exception):
                 self.obj.flush()
 
