@@ -322,7 +322,7 @@ def build_torchrun_spec(
     prefix_ranks: bool = True,
     rank_prefix: str = DEFAULT_RANK_PREFIX,
     only_local_ranks: Collection[int] | None = None,
-    shutdown_timeout_s: int | None = None,
+    shutdown_timeout_s: float | None = None,
     rdzv_backend: str = "c10d",
 ) -> WorkerSpec:
     """The WorkerSpec that runs `python -m torch.distributed.run` for `user_argv` on this node.
@@ -409,7 +409,7 @@ def build_torchrun_spec(
         argv += ["--standalone"]
     argv += ["--max-restarts", str(max_restarts), "--log-dir", str(error_dir)]
     if shutdown_timeout_s is not None:
-        argv += ["--shutdown-timeout", str(shutdown_timeout_s)]
+        argv += ["--shutdown-timeout", str(max(int(shutdown_timeout_s), 0))]  # torchrun takes whole seconds
 
     if prefix_ranks:
         # `-mMODULE` and `--opt=value` start with "-", so torch names the job after the first other
