@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fakenvml import FakeNvmlBuild, NvmlNode, build_fake_nvml, healthy_h100
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+
 from fakenvml import (
     FIELDS,
     LIBRARY_NAME,

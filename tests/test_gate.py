@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fakes import h100
 
+from fakes import h100
 from podguard.gate import GateThresholds, ProbeEvidence, Verdict, judge, judge_all
 from podguard.gpu.backend import ComputeMode, EccState, GpuProcess, XidEvent
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.leases import (
     acquire_gpus,

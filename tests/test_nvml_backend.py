@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fakenvml import (
     MIB,
     FakeNvmlBuild,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fakes import FakeBackend, h100
 
+from fakes import FakeBackend, h100
 from podguard.errors import PodguardError
 from podguard.gpu.backend import MigDevice
 from podguard.selection import select_gpus

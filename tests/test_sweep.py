@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.sweep import SweepRun, plan_sweep, podguard_train_argv, run_sweep, sweep_env
 

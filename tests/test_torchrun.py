@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from podguard.errors import ExitCode, UsageError
 from podguard.launch.spec import JobOutcome, WorkerExit, WorkerSpec
 from podguard.launch.torchrun import (

@@ -17,18 +17,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from podguard.cleanup import execute_cleanup, plan_cleanup
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.gate import GateResult, GateThresholds, GpuVerdict, ProbeEvidence, Verdict, busy_reasons, judge_all
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable, XidEvent
 from podguard.gpu.factory import open_backend
-from podguard.leases import GpuLease, acquire_gpus, current_gpu_leases, gpu_lease_key
-from podguard.probe import cuda_probe_available, run_probes
 from podguard.report import Timings, format_summary, write_report
 from podguard.selection import Selection, select_gpus
 from podguard.state import state_dir
+
+if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
+    from podguard.leases import GpuLease
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,11 @@ def run_preflight(
     file asking for more GPUs than selected, say) before anything is leased or killed.
     """
     out = out if out is not None else sys.stderr
+    imports_started = time.perf_counter()
+    if backend_factory is None:
+        # Loading the NVML binding is interpreter start-up, not preflight work: timed apart from it.
+        import pynvml  # noqa: F401
+    imports_ms = round((time.perf_counter() - imports_started) * 1000, 3)
     timings = Timings()
     payload: dict[str, Any] = {
         "command": opts.command,
@@ -210,6 +215,8 @@ def run_preflight(
             payload["warnings"].extend(skipped)
         indices = sorted(set(selection.indices))
         if backend is not None and indices and opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
+            from podguard.cleanup import execute_cleanup, plan_cleanup
+
             plan = plan_cleanup(
                 backend,
                 indices,
@@ -266,7 +273,7 @@ def run_preflight(
         selection=selection.to_dict() if selection else None,
         recommendations=_recommendations(exit_code, gate, nvml_failure),
     )
-    payload["timings_ms"] = {**timings.phases, "total": timings.total_ms()}
+    payload["timings_ms"] = {**timings.phases, "total": timings.total_ms(), "imports_not_in_total": imports_ms}
     report_path: Path | None = None
     try:
         report_path = write_report(state, opts.command, payload)
@@ -290,6 +297,8 @@ def _lease(
     An explicit list (GPU_LIST / CUDA_VISIBLE_DEVICES) must be leased exactly (refused, exit 75, or
     waited for with --wait-for-gpus); otherwise any free GPUs of the node will do, as many as selected.
     """
+    from podguard.leases import acquire_gpus
+
     explicit = selection.source in ("GPU_LIST", "CUDA_VISIBLE_DEVICES")
     candidates = selection.gpus if explicit else select_gpus(inventory).gpus
     progress = None if quiet else (lambda text: _emit(out, False, f"podguard: {text}"))
@@ -307,6 +316,8 @@ def _lease(
 
 def _skip_leased(selection: Selection, opts: PreflightOptions) -> tuple[Selection, list[str]]:
     """`podguard cleanup` never touches GPUs that a live podguard run holds a lease on: those are its job."""
+    from podguard.leases import current_gpu_leases, gpu_lease_key
+
     held = current_gpu_leases(opts.lease_dir)
     if not held:
         return selection, []
@@ -327,6 +338,8 @@ def _gate(
     """NVML checks first; then the probe on GPUs that passed them, with XID events watched meanwhile."""
     nvml_only = _judge(backend, indices, opts, probes={}, xids=[], hardware=True)
     candidates = [v.index for v in nvml_only.verdicts if v.verdict is Verdict.HEALTHY]
+    from podguard.probe import cuda_probe_available, run_probes
+
     probe_mode = opts.probe
     if probe_mode == "auto":
         probe_mode = "cuda" if (opts.probe_cmd or cuda_probe_available()) else "off"
