@@ -96,11 +96,17 @@ def test_local_rank_past_the_visible_gpus_names_everything() -> None:
 
 def test_device_index_rules() -> None:
     assert resolve_device_index(1, 4, {})[0] == 1
-    # per-gpu isolation: one GPU listed, no LOCAL_WORLD_SIZE -> cuda:0 whatever LOCAL_RANK is
-    assert resolve_device_index(5, 1, {"CUDA_VISIBLE_DEVICES": "GPU-abc"})[0] == 0
-    # ... but torchrun (LOCAL_WORLD_SIZE set) squeezing two ranks onto one GPU is an error
+    # podguard's per-gpu mode: each worker sees only its GPU (by UUID) -> cuda:0 whatever LOCAL_RANK is
+    per_gpu = {"CUDA_VISIBLE_DEVICES": "GPU-abc", "LOCAL_WORLD_SIZE": "8", "PODGUARD_WORKER": "GPU5"}
+    assert resolve_device_index(5, 1, per_gpu)[0] == 0
+    # ... but torchrun squeezing two ranks onto one GPU is an error
     with pytest.raises(UsageError, match="LOCAL_RANK=1"):
-        resolve_device_index(1, 1, {"CUDA_VISIBLE_DEVICES": "GPU-abc", "LOCAL_WORLD_SIZE": "2"})
+        resolve_device_index(
+            1, 1, {"CUDA_VISIBLE_DEVICES": "GPU-abc", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}
+        )
+    # two GPUs listed but only one visible (one is broken/missing): not isolation, an error
+    with pytest.raises(UsageError, match="LOCAL_RANK=1"):
+        resolve_device_index(1, 1, {"CUDA_VISIBLE_DEVICES": "0,1"})
     # an explicit index from the launcher wins, and is checked too
     assert resolve_device_index(6, 2, {"PODGUARD_CUDA_DEVICE": "1"}) == (1, "PODGUARD_CUDA_DEVICE=1")
     with pytest.raises(UsageError, match="PODGUARD_CUDA_DEVICE=2"):
@@ -226,8 +232,9 @@ def test_init_rank_gpu_paths_with_a_simulated_gpu(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29999")
-    with pytest.raises(PodguardError, match="cannot fall back to CPU in a distributed run"):
+    with pytest.raises(PodguardError, match="cannot fall back to CPU in a distributed run") as info:
         init_mod.init_rank(allow_cpu_fallback=True)
+    assert info.value.code == 75  # the cause (busy) decides the code
 
 
 def test_init_rank_argument_checks() -> None:

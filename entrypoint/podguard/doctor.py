@@ -208,7 +208,7 @@ def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
             "(docker run --shm-size=16g, or --ipc=host)"
         )
     host = data.get("host") or {}
-    if host.get("pid1") not in (None, "tini", "dumb-init", "podguard", "python", "python3", "systemd", "init"):
+    if host.get("in_container") and host.get("pid1") not in (None, "tini", "dumb-init", "docker-init", "podguard"):
         recs.append(
             f"PID 1 is {host.get('pid1')!r}: zombies of crashed workers may pile up; run podguard (or tini) as PID 1"
         )

@@ -212,9 +212,17 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
             f"time={time.monotonic() - started:.1f}s (train {train_s:.1f}s) "
             f"samples/s={global_batch * config.steps / train_s:,.0f} skipped={len(guard.skipped_steps)} "
             f"ranks={world} device={device.type} backend={ctx.backend} "
-            f"dataset={'cache hit' if prepared.cache_hit else 'prepared'}"
+            f"dataset={_DATA_ORIGIN.get(prepared.prepared_by, prepared.prepared_by)}"
         )
     return 0
+
+
+_DATA_ORIGIN = {
+    "this process": "prepared",
+    "another process": "prepared by another rank",
+    "cache": "cache hit",
+    "node 0": "prepared by node 0",
+}
 
 
 def _state_subdir(name: str) -> Path:

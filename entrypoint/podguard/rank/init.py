@@ -133,10 +133,11 @@ def resolve_device_index(local_rank: int, visible_count: int, env: Mapping[str, 
 
     Normally N = LOCAL_RANK. A launcher that gives each worker exactly one GPU (podguard's per-gpu mode:
     CUDA_VISIBLE_DEVICES=<that GPU's UUID>) makes every worker see its GPU as cuda:0 while LOCAL_RANK
-    still counts 0..n-1; it says so with PODGUARD_CUDA_DEVICE=0, or we recognise it: one device listed in
-    CUDA_VISIBLE_DEVICES and no LOCAL_WORLD_SIZE (torchrun always sets that, so two torchrun ranks
-    squeezed onto one GPU are still an error). Anything else past the visible count is the seeds'
-    "invalid device ordinal", caught here with a message that says how to fix it.
+    still counts 0..n-1; it may say so with PODGUARD_CUDA_DEVICE=0, and otherwise we recognise it: exactly
+    one device listed in CUDA_VISIBLE_DEVICES and not under torchrun (torchrun sets TORCHELASTIC_RUN_ID
+    and never isolates GPUs per worker, so two torchrun ranks squeezed onto one GPU stay an error).
+    Anything else past the visible count is the seeds' "invalid device ordinal", caught here with a
+    message that says how to fix it.
     """
     source = os.environ if env is None else env
     cvd_raw = source.get("CUDA_VISIBLE_DEVICES")
@@ -157,7 +158,8 @@ def resolve_device_index(local_rank: int, visible_count: int, env: Mapping[str, 
     if local_rank < visible_count:
         return local_rank, f"LOCAL_RANK={local_rank}"
     listed = [t for t in (cvd_raw or "").split(",") if t.strip()]
-    if visible_count == 1 and len(listed) == 1 and not (source.get("LOCAL_WORLD_SIZE") or "").strip():
+    under_torchrun = bool((source.get("TORCHELASTIC_RUN_ID") or "").strip())
+    if visible_count == 1 and len(listed) == 1 and not under_torchrun:
         return 0, f"one GPU isolated by CUDA_VISIBLE_DEVICES={cvd_raw}"
     raise UsageError(
         f"LOCAL_RANK={local_rank} but only {visible_count} GPU(s) are visible (CUDA_VISIBLE_DEVICES={cvd_shown}); "
@@ -231,6 +233,7 @@ def init_rank(
     dev = "cpu"
     gpu_name = gpu_uuid = ""
     fallback_reason = ""
+    fallback_code: int = ExitCode.GPUS_MISSING
     if device != "cpu":
         if torch.cuda.is_available():
             index, how = resolve_device_index(dist_env.local_rank, torch.cuda.device_count())
@@ -241,10 +244,10 @@ def init_rank(
                 if how != f"LOCAL_RANK={dist_env.local_rank}":
                     emit(f"[rank {rank}] INIT: using cuda:{index} ({how})")
             except RuntimeError as exc:
-                code = ExitCode.GPUS_BUSY if is_busy_error(exc) else ExitCode.GPU_UNHEALTHY
+                fallback_code = ExitCode.GPUS_BUSY if is_busy_error(exc) else ExitCode.GPU_UNHEALTHY
                 fallback_reason = f"cuda:{index} could not be used: {_first_line(exc)}"
                 if not allow_cpu_fallback:
-                    raise PodguardError(f"rank {rank}: {fallback_reason}", code) from exc
+                    raise PodguardError(f"rank {rank}: {fallback_reason}", fallback_code) from exc
         elif device == "cuda" or _gpus_expected(torch):
             fallback_reason = (
                 f"CUDA is not available (torch {torch.__version__}, CUDA build: "
@@ -257,25 +260,24 @@ def init_rank(
                     ExitCode.GPUS_MISSING,
                 )
 
-    if fallback_reason:
-        emit(f"[rank {rank}] " + "!" * 72)
-        emit(f"[rank {rank}] WARNING: FALLING BACK TO CPU: {fallback_reason}")
-        emit(f"[rank {rank}] WARNING: training on CPU is orders of magnitude slower; this is almost never wanted")
-        emit(f"[rank {rank}] " + "!" * 72)
-
     chosen = backend or ("nccl" if dev.startswith("cuda") else "gloo")
     if chosen == "nccl" and not dev.startswith("cuda"):
         raise PodguardError(
             f"rank {rank}: backend nccl needs a GPU but this rank is on CPU ({fallback_reason or 'no GPU'}); "
             "the other ranks would hang waiting for it. Use backend='gloo' to allow mixed devices, or fix the GPU",
-            ExitCode.GPUS_MISSING,
+            fallback_code,
         )
     if fallback_reason and dist_env.world_size > 1 and backend is None:
         raise PodguardError(
             f"rank {rank}: cannot fall back to CPU in a distributed run with the automatic backend (the other "
             f"ranks use nccl and would hang); pass backend='gloo' to allow it. Cause: {fallback_reason}",
-            ExitCode.GPU_UNHEALTHY,
+            fallback_code,
         )
+    if fallback_reason:
+        emit(f"[rank {rank}] " + "!" * 72)
+        emit(f"[rank {rank}] WARNING: FALLING BACK TO CPU: {fallback_reason}")
+        emit(f"[rank {rank}] WARNING: training on CPU is orders of magnitude slower; this is almost never wanted")
+        emit(f"[rank {rank}] " + "!" * 72)
 
     distributed = False
     took = ""
