@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,9 +63,9 @@ def test_per_gpu_first_failure_stops_the_rest_and_its_code_comes_out(node, tmp_p
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert time.monotonic() - started < 30
     out = proc.stdout + proc.stderr
-    lines = [line for line in out.splitlines() if line.startswith("GPU") and "visible" in line]
-    assert lines  # (fail-fast may stop some workers before they print)
-    assert all(line.split(":", 1)[0] == f"GPU{line.split()[-1]}" for line in lines)  # GPU{i}: prefix, rank i
+    shown = [m.groups() for m in re.finditer(r"^GPU(\d+):visible GPU-\S+ rank (\d+)$", out, re.MULTILINE)]
+    assert shown  # (fail-fast may stop some workers before they print)
+    assert all(gpu == rank for gpu, rank in shown)  # the GPU{index}: prefix matches the worker's GPU
     assert "GPU5" in out and "boom on rank 5" in out  # the summary names the GPU and its last lines
 
 
@@ -146,7 +147,7 @@ def test_torchrun_on_cpu_with_rank_1_failing_reports_its_real_code(node, tmp_pat
         print("rank 0 ok", flush=True)
         """,
     )
-    proc = pg(node, ["train", "--mode", "torchrun", "--cpu-workers", "2", "--", "python", worker], cpu=True)
+    proc = pg(node, ["train", "--mode", "torchrun", "--cpu-workers", "2", "--", sys.executable, worker], cpu=True)
     assert proc.returncode == 7, (proc.stdout + proc.stderr)[-3000:]
     assert "rank 1" in proc.stderr or "rank1" in proc.stderr
 
@@ -162,12 +163,9 @@ def test_prepare_runs_once_then_is_skipped_by_its_stamp(node, tmp_path):
         print("prepared:", (pathlib.Path(os.environ["PODGUARD_PREPARE_DIR"]) / "x").read_text().strip())
         """,
     )
+    args = ["train", "--mode", "single", "--prepare", prep, "--cache-key", "dataset=demo"]
     for _ in range(2):
-        proc = pg(
-            node,
-            ["train", "--mode", "single", "--prepare", prep, "--cache-key", "dataset=demo", "--", "python", check],
-            cpu=True,
-        )
+        proc = pg(node, [*args, "--", sys.executable, check], cpu=True)
         assert proc.returncode == 0, proc.stderr
         assert "prepared: data" in proc.stdout + proc.stderr
     assert count.read_text().count("run") == 1

@@ -32,7 +32,8 @@ print(json.dumps({"hit": r.cache_hit, "by": r.prepared_by, "path": str(r.path), 
 
 def _start(tmp_path: Path, cache: Path, count: Path, sleep_s: float) -> subprocess.Popen[str]:
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
+    if not driver.exists():  # rewriting it while an earlier run is still reading it would run an empty file
+        driver.write_text(DRIVER)
     return subprocess.Popen(
         [sys.executable, str(driver), str(cache), str(count)],
         env={**os.environ, "PREP_SLEEP": str(sleep_s)},

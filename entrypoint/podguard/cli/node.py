@@ -31,14 +31,7 @@ def gpus(
     """The GPU inventory and the selection this node would use (GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE)."""
     from podguard.inventory import inventory_payload, render_inventory
 
-    opts = o.build_options(
-        "gpus",
-        gpu_list=gpu_list,
-        nproc_per_node=nproc_per_node,
-        expect_gpus=expect_gpus,
-        on_fewer=on_fewer,
-        require_gpu=require_gpu,
-    )
+    opts = o.options_from("gpus", locals())
     payload = inventory_payload(opts)
     if as_json:
         json.dump(payload, sys.stdout, indent=2, default=str)
@@ -66,21 +59,7 @@ def health(
     as_json: o.Json = False,
 ) -> None:
     """The health gate alone (no cleanup). Exit code: 0 healthy, 69 missing, 75 busy, 76 unhealthy."""
-    opts = o.build_options(
-        "health",
-        gpu_list=gpu_list,
-        nproc_per_node=nproc_per_node,
-        expect_gpus=expect_gpus,
-        on_fewer=on_fewer,
-        require_gpu=require_gpu,
-        idle_memory_mib=idle_memory_mib,
-        probe=probe,
-        probe_cmd=probe_cmd,
-        probe_timeout=probe_timeout,
-        temperature_margin=temperature_margin,
-        fail_on_warnings=fail_on_warnings,
-        state_dir=state_dir,
-    )
+    opts = o.options_from("health", locals())
     _finish(run_preflight(opts), as_json)
 
 
@@ -97,20 +76,7 @@ def cleanup(
     as_json: o.Json = False,
 ) -> None:
     """Find and stop what holds the GPUs (job trees, launcher first), then wait for their memory to come back."""
-    opts = o.build_options(
-        "cleanup",
-        gpu_list=gpu_list,
-        dry_run=dry_run,
-        busy_timeout=busy_timeout,
-        grace=grace,
-        protect=protect,
-        kill_pattern=kill_pattern,
-        idle_memory_mib=idle_memory_mib,
-        state_dir=state_dir,
-        dev_dir=dev_dir,
-        probe="off",
-        on_fewer="continue",
-    )
+    opts = o.options_from("cleanup", locals(), probe="off", on_fewer="continue")
     _finish(run_preflight(opts), as_json)
 
 

@@ -6,6 +6,7 @@ NPROC_PER_NODE, RUNPOD_GPU_COUNT, PODGUARD_PROBE, ...), that name too.
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Annotated
@@ -227,6 +228,18 @@ def build_options(
         dev_dir=dev_dir,
         command=command,
     )
+
+
+def options_from(command: str, values: dict[str, object], **overrides: object) -> PreflightOptions:
+    """`build_options` from a command function's `locals()`: the preflight options it declares, nothing else.
+
+    Typer needs each command's parameters spelled out in its signature; this keeps the bodies from
+    repeating the same twenty keyword arguments.
+    """
+    accepted = set(inspect.signature(build_options).parameters) - {"command"}
+    kwargs = {k: v for k, v in values.items() if k in accepted}
+    kwargs.update(overrides)
+    return build_options(command, **kwargs)  # type: ignore[arg-type]
 
 
 def parse_seconds(raw: str | float, name: str) -> float:

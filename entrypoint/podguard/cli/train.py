@@ -368,27 +368,7 @@ def train(
         max_restarts=max_restarts,
         grace=o.parse_seconds(grace, "--grace"),
     )
-    opts = o.build_options(
-        "train",
-        gpu_list=gpu_list,
-        nproc_per_node=nproc_per_node,
-        expect_gpus=expect_gpus,
-        on_fewer=on_fewer,
-        require_gpu=require_gpu,
-        cleanup=cleanup,
-        busy_timeout=busy_timeout,
-        grace=grace,
-        protect=protect,
-        kill_pattern=kill_pattern,
-        idle_memory_mib=idle_memory_mib,
-        probe=probe,
-        probe_cmd=probe_cmd,
-        probe_timeout=probe_timeout,
-        temperature_margin=temperature_margin,
-        fail_on_warnings=fail_on_warnings,
-        state_dir=state_dir,
-        dev_dir=dev_dir,
-    )
+    opts = o.options_from("train", locals())
     raise typer.Exit(launch(cfg, opts, wait_for_gpus=wait_for_gpus))
 
 
@@ -437,27 +417,7 @@ def run(
         max_restarts="0",
         grace=o.parse_seconds(grace, "--grace"),
     )
-    opts = o.build_options(
-        "run",
-        gpu_list=gpu_list,
-        nproc_per_node=nproc_per_node,
-        expect_gpus=expect_gpus,
-        on_fewer=on_fewer,
-        require_gpu=require_gpu,
-        cleanup=cleanup,
-        busy_timeout=busy_timeout,
-        grace=grace,
-        protect=protect,
-        kill_pattern=kill_pattern,
-        idle_memory_mib=idle_memory_mib,
-        probe=probe,
-        probe_cmd=probe_cmd,
-        probe_timeout=probe_timeout,
-        temperature_margin=temperature_margin,
-        fail_on_warnings=fail_on_warnings,
-        state_dir=state_dir,
-        dev_dir=dev_dir,
-    )
+    opts = o.options_from("run", locals())
     raise typer.Exit(launch(cfg, opts, wait_for_gpus=wait_for_gpus))
 
 
