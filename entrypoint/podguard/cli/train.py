@@ -236,6 +236,10 @@ class LaunchConfig:
         self.only_gpu = only_gpu.strip() if only_gpu else None
         if self.only_gpu is not None and not self.only_gpu.isdigit():
             raise UsageError(f"--only-gpu={only_gpu!r} is not valid; expected a GPU index such as 2")
+        if prefix is not None:
+            from podguard.launch.modes import PREFIX_FIELDS, check_format
+
+            check_format(prefix, PREFIX_FIELDS, "--prefix")
         self.prefix = prefix
         self.on_exit = validate_on_exit(on_exit)
         if self.on_exit == "stop-pod":
@@ -276,6 +280,17 @@ class LaunchConfig:
             self.master_port = parse_port(master_port, "MASTER_PORT")
         self.max_restarts = o.parse_int(max_restarts, "--max-restarts")
         self.grace = grace
+        if self.mode == "torchrun" or self.multi_node:
+            from podguard.launch.torchrun import resolve_rendezvous
+
+            resolve_rendezvous(
+                os.environ,
+                nnodes=self.nnodes,
+                node_rank=self.node_rank,
+                master_addr=self.master_addr,
+                master_port=self.master_port,
+                rdzv_id=None,
+            )
         if self.multi_node and self.mode not in ("torchrun", "auto"):
             raise UsageError(f"multi-node (NUM_NODES={self.nnodes}) needs --mode=torchrun, not --mode={self.mode}")
 
