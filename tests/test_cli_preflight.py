@@ -124,6 +124,21 @@ def test_foreign_pid_and_protected_processes_survive_and_the_gate_says_busy(node
         bystander.wait()
 
 
+def test_no_cleanup_kills_nothing_but_waits_for_the_gpu_to_come_free(node):
+    holder = node.spawn_holder(1, 2048)
+    proc = run_pg(node, ["run", "--no-cleanup", "--busy-timeout", "0.3", "--", "true"])
+    assert proc.returncode == 75 and holder.poll() is None
+    waiter = subprocess.Popen(
+        [*PODGUARD, "run", "--no-cleanup", "--busy-timeout", "20", "--", "true"],
+        env=node.env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    holder.terminate()  # the holder goes away by itself while podguard waits
+    _, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, err
+
+
 def test_phantom_memory_is_busy_75_with_pod_restart_advice(node):
     node.write(sc.phantom_memory(gpu=2))
     started = time.monotonic()

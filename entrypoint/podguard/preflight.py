@@ -237,6 +237,18 @@ def run_preflight(
             )
             payload["cleanup"] = result.to_dict()
             t = timings.mark("cleanup", t)
+        elif backend is not None and indices and opts.command in ("train", "run"):
+            # --no-cleanup: kill nothing, but still give busy GPUs until --busy-timeout to come free
+            from podguard.cleanup import wait_for_idle
+
+            wait_for_idle(
+                backend,
+                indices,
+                deadline=time.monotonic() + opts.busy_timeout_s,
+                idle_memory_mib=opts.idle_memory_mib,
+                dev_dir=opts.dev_dir,
+            )
+            t = timings.mark("wait_idle", t)
         if opts.command == "cleanup":
             gate = _judge(backend, indices, opts, probes={}, xids=[], hardware=False)
         elif backend is not None and indices:

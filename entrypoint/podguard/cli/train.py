@@ -57,8 +57,8 @@ PrefixFormat = Annotated[
     typer.Option(
         "--prefix",
         envvar="PODGUARD_PREFIX",
-        help="Per-line prefix of per-gpu workers, e.g. '{gpu}:' (default 'GPU{index}:'); fields: gpu, rank, "
-        "local_rank, name.",
+        help="Per-line prefix of per-gpu workers (default 'GPU{gpu}:', 'CPU{rank}:' without GPUs); fields: gpu, "
+        "rank, local_rank, name.",
         rich_help_panel=LAUNCH,
     ),
 ]
