@@ -328,7 +328,7 @@ def test_xid_delivery_through_pynvml(nvml_node: NvmlNode, nv: object) -> None:
         t0 = time.monotonic()
         with pytest.raises(pynvml.NVMLError_Timeout):
             pynvml.nvmlEventSetWait_v2(es, 40)  # delivered once
-        assert 0.035 <= time.monotonic() - t0 < 0.2
+        assert 0.035 <= time.monotonic() - t0 < 1.0
     finally:
         pynvml.nvmlEventSetFree(es)
 

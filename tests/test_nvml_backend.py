@@ -393,7 +393,7 @@ def test_watch_xid_returns_the_event_after_its_window(nvml_node: NvmlNode) -> No
     events = backend.watch_xid(list(range(8)), 0.2)
     elapsed = time.monotonic() - t0
     assert [(e.gpu_index, e.xid) for e in events] == [(3, 79)]
-    assert 0.2 <= elapsed < 0.3
+    assert 0.2 <= elapsed < 1.0
     assert backend.watch_xid([3], 0.05) == []  # delivered once
 
 
@@ -411,7 +411,7 @@ def test_watch_xid_stop_ends_it_promptly(nvml_node: NvmlNode) -> None:
     threading.Timer(0.05, stop.set).start()
     t0 = time.monotonic()
     assert backend.watch_xid(list(range(8)), 5.0, stop) == []
-    assert time.monotonic() - t0 < 0.3
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_watch_xid_unsupported_waits_out_the_window(nvml_node: NvmlNode) -> None:
@@ -421,7 +421,7 @@ def test_watch_xid_unsupported_waits_out_the_window(nvml_node: NvmlNode) -> None
     nvml_node.write(sc)
     t0 = time.monotonic()
     assert nvml_node.backend().watch_xid([0, 1], 0.1) == []
-    assert 0.1 <= time.monotonic() - t0 < 0.2
+    assert 0.1 <= time.monotonic() - t0 < 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------
