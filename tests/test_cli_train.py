@@ -207,3 +207,55 @@ def test_demo_job_end_to_end_on_cpu(node, tmp_path):
     assert "NO GPU FOUND" in out
     assert "CPU0:" in out and "CPU1:" in out
     assert "DONE" in out and "samples/s" in out
+
+
+def test_sweep_runs_disjoint_gpu_sets_concurrently(node):
+    proc = pg(node, ["sweep", "--gpus-per-run", "4", "--", "sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.findall(r"^run(\d):.*CVD=(\S+)$", proc.stdout + proc.stderr, re.MULTILINE)
+    sets = {run: set(cvd.split(",")) for run, cvd in found}
+    assert sorted(sets) == ["0", "1"]
+    assert len(sets["0"]) == 4 and len(sets["1"]) == 4 and not (sets["0"] & sets["1"])
+
+
+def test_roles_job_file_starts_trainers_after_the_server_is_ready(node, tmp_path):
+    server = script(
+        tmp_path,
+        "server.py",
+        """
+        import os, time
+        print("server on", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
+        print("Uvicorn running", flush=True)
+        time.sleep(60)
+        """,
+    )
+    trainer = script(
+        tmp_path,
+        "trainer.py",
+        "import os; print('trainer rank', os.environ['RANK'], 'sees', os.environ['CUDA_VISIBLE_DEVICES'])\n",
+    )
+    job = tmp_path / "job.toml"
+    job.write_text(
+        textwrap.dedent(
+            f"""
+            [roles.server]
+            command = [{sys.executable!r}, {server!r}]
+            gpus = 1
+            ready = {{ log = "Uvicorn running" }}
+
+            [roles.trainer]
+            command = [{sys.executable!r}, {trainer!r}]
+            gpus = "rest"
+            after = ["server"]
+            per_gpu = true
+            """
+        )
+    )
+    proc = pg(node, ["train", "--job-file", str(job)])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    trainers = re.findall(r"trainer rank (\d+) sees (\S+)", out)
+    assert len(trainers) == 7
+    server_gpu = re.search(r"server on (\S+)", out).group(1)
+    assert server_gpu not in {cvd for _, cvd in trainers}
+    assert out.index("Uvicorn running") < out.index("trainer rank")

@@ -52,6 +52,12 @@ def fmt_mib(value: int | None) -> str:
     return "n/a" if value is None else f"{value // MIB} MiB"
 
 
+def _held(memory_mib: dict[str, float | None] | None) -> str:
+    """ ", holding 4096 MiB" from a kill record's per-GPU memory (None where NVML did not say)."""
+    known = [m for m in (memory_mib or {}).values() if m]
+    return f", holding {sum(known):.0f} MiB" if known else ""
+
+
 def format_summary(payload: dict[str, Any]) -> str:
     """A few lines: the verdict, one line per GPU that is not plainly healthy, kills, warnings, where to look."""
     lines: list[str] = []
@@ -74,9 +80,10 @@ def format_summary(payload: dict[str, Any]) -> str:
                 f"{target.get('gpus')}: {target.get('reason', '')}"
             )
     for kill in cleanup.get("killed", []):
+        gpus = ",".join(str(g) for g in kill.get("gpus", []))
         lines.append(
-            f"  killed pid {kill.get('pid')} ({kill.get('cmdline', '')[:60]}) on GPU {kill.get('gpus')}: "
-            f"{kill.get('reason', '')}"
+            f"  {kill.get('outcome', 'stopped')} pid {kill.get('pid')} ({kill.get('cmdline', '')[:60]})"
+            f"{' on GPU ' + gpus if gpus else ''}{_held(kill.get('memory_mib'))}: {kill.get('reason', '')}"
         )
     for item in cleanup.get("unkillable", []):
         lines.append(f"  UNKILLABLE pid {item.get('pid')}: {item.get('reason', 'stuck in uninterruptible sleep')}")
