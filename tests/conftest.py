@@ -68,3 +68,31 @@ def nvml_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_nvml: FakeNv
 # ======================================================================================================
 # End of fake NVML fixtures.
 # ======================================================================================================
+
+
+# ----------------------------------------------------------------------------------------------------
+# shared by the CLI end-to-end tests and the process tests
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_node(nvml_node, tmp_path, monkeypatch):
+    """The fake 8-GPU node for `podguard` subprocesses: a private state dir, no inherited GPU selection,
+    and no CUDA probe (these machines have no CUDA; probe tests turn it on explicitly)."""
+    monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
+    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RUNPOD_GPU_COUNT", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PODGUARD_PROBE", "off")
+    return nvml_node
+
+
+@pytest.fixture
+def spawner(tmp_path):
+    """Real helper processes for the procs/holders/cleanup tests, all stopped at teardown."""
+    from test_procs import Spawner
+
+    s = Spawner(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()

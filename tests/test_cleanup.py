@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,15 +35,6 @@ from podguard.procs import ProcStat, scan_processes
 from test_procs import PY, Spawner, alive, wait_until
 
 GIB = 1 << 30
-
-
-@pytest.fixture
-def spawner(tmp_path: Path) -> Iterator[Spawner]:
-    s = Spawner(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 class DriverLikeBackend(FakeBackend):

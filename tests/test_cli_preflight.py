@@ -33,12 +33,8 @@ def run_pg(node, args: list[str], *, env: dict[str, str] | None = None, timeout:
 
 
 @pytest.fixture
-def node(nvml_node, tmp_path, monkeypatch):
-    monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
-    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RUNPOD_GPU_COUNT", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PODGUARD_PROBE", "off")
-    return nvml_node
+def node(cli_node):
+    return cli_node
 
 
 def latest_report(tmp_path: Path) -> dict:

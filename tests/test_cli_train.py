@@ -22,12 +22,8 @@ PODGUARD = [sys.executable, "-m", "podguard"]
 
 
 @pytest.fixture
-def node(nvml_node, tmp_path, monkeypatch):
-    monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
-    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RUNPOD_GPU_COUNT", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PODGUARD_PROBE", "off")
-    return nvml_node
+def node(cli_node):
+    return cli_node
 
 
 def pg(node, args, *, env=None, timeout=90.0, cpu=False):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ from podguard.procs import scan_processes
 from test_procs import PY, Spawner, alive, synthetic, synthetic_table, wait_until
 
 GIB = 1 << 30
-
-
-@pytest.fixture
-def spawner(tmp_path: Path) -> Iterator[Spawner]:
-    s = Spawner(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def nvml(backend: FakeBackend, gpu: int, *pids: int, mem: int = 2 * GIB) -> None:

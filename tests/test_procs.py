@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,15 +236,6 @@ class Spawner:
                 proc.wait(timeout=5)
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-@pytest.fixture
-def spawner(tmp_path: Path) -> Iterator[Spawner]:
-    s = Spawner(tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def synthetic(

@@ -19,6 +19,7 @@ from podguard.gate import GateThresholds, judge_all
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.preflight import PreflightOptions
+from podguard.report import na
 from podguard.state import state_dir
 
 MIB = 1 << 20
@@ -217,17 +218,13 @@ def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
     return recs
 
 
-def _na(v: object, suffix: str = "") -> str:
-    return "n/a" if v is None else f"{v}{suffix}"
-
-
 def render(data: dict[str, Any]) -> str:
     out: list[str] = [f"podguard doctor {data['podguard_version']}"]
     nvml = data.get("nvml", {})
     if nvml.get("available"):
         out.append(
-            f"driver {_na(nvml.get('driver_version'))}, CUDA driver {_na(nvml.get('cuda_driver_version'))}, "
-            f"NVML {_na(nvml.get('nvml_version'))}"
+            f"driver {na(nvml.get('driver_version'))}, CUDA driver {na(nvml.get('cuda_driver_version'))}, "
+            f"NVML {na(nvml.get('nvml_version'))}"
         )
     else:
         out.append(f"NVML unavailable ({nvml.get('failure')}): {nvml.get('message')}")
@@ -239,18 +236,18 @@ def render(data: dict[str, Any]) -> str:
         mem = "n/a" if total is None else f"{(used or 0) // MIB}/{total // MIB} MiB"
         ecc = gpu.get("ecc") or {}
         verdict = health.get(idx, {}).get("verdict", "?")
-        out.append(f"GPU{idx} {_na(gpu.get('name'))} {_na(gpu.get('uuid'))} [{verdict}]")
+        out.append(f"GPU{idx} {na(gpu.get('name'))} {na(gpu.get('uuid'))} [{verdict}]")
         out.append(
-            f"    pci {_na(gpu.get('pci_bus_id'))}  mem {mem}  util {_na(gpu.get('utilization_gpu'), '%')}  "
-            f"temp {_na(gpu.get('temperature_c'), 'C')}/{_na(gpu.get('temperature_slowdown_c'), 'C')}  "
-            f"pcie x{_na(gpu.get('pcie_link_width'))}/x{_na(gpu.get('pcie_link_width_max'))}"
+            f"    pci {na(gpu.get('pci_bus_id'))}  mem {mem}  util {na(gpu.get('utilization_gpu'), '%')}  "
+            f"temp {na(gpu.get('temperature_c'), 'C')}/{na(gpu.get('temperature_slowdown_c'), 'C')}  "
+            f"pcie x{na(gpu.get('pcie_link_width'))}/x{na(gpu.get('pcie_link_width_max'))}"
         )
         out.append(
-            f"    compute {_na(gpu.get('compute_mode'))}  persistence {_na(gpu.get('persistence_mode'))}  "
-            f"MIG {_na(gpu.get('mig_enabled'))}  ECC {_na(ecc.get('enabled'))} "
-            f"(uncorrected {_na(ecc.get('uncorrected_volatile'))}, corrected {_na(ecc.get('corrected_volatile'))})  "
-            f"remap pending {_na(ecc.get('remap_pending'))} failed {_na(ecc.get('remap_failure'))}  "
-            f"retired pending {_na(ecc.get('retired_pages_pending'))}"
+            f"    compute {na(gpu.get('compute_mode'))}  persistence {na(gpu.get('persistence_mode'))}  "
+            f"MIG {na(gpu.get('mig_enabled'))}  ECC {na(ecc.get('enabled'))} "
+            f"(uncorrected {na(ecc.get('uncorrected_volatile'))}, corrected {na(ecc.get('corrected_volatile'))})  "
+            f"remap pending {na(ecc.get('remap_pending'))} failed {na(ecc.get('remap_failure'))}  "
+            f"retired pending {na(ecc.get('retired_pages_pending'))}"
         )
         if gpu.get("clock_event_names"):
             out.append(f"    clocks limited by: {', '.join(gpu['clock_event_names'])}")

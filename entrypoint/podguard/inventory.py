@@ -8,8 +8,8 @@ from typing import Any
 from podguard.errors import PodguardError
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
-from podguard.preflight import PreflightOptions
-from podguard.selection import select_gpus
+from podguard.preflight import PreflightOptions, select_for
+from podguard.report import na
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -40,15 +40,7 @@ def inventory_payload(opts: PreflightOptions) -> dict[str, Any]:
     payload["nvml"] = nvml
     payload["gpus"] = [s.to_dict() for s in snaps]
     try:
-        selection = select_gpus(
-            snaps,
-            gpu_list=opts.gpu_list,
-            cuda_visible_devices=opts.cuda_visible_devices,
-            nproc_per_node=opts.nproc_per_node,
-            expect_gpus=opts.expect_gpus,
-            on_fewer=opts.on_fewer,
-            require_gpu=opts.require_gpu,
-        )
+        selection = select_for(opts, snaps)
         payload["selection"] = selection.to_dict()
         payload["warnings"] = list(selection.warnings)
     except PodguardError as exc:
@@ -57,16 +49,12 @@ def inventory_payload(opts: PreflightOptions) -> dict[str, Any]:
     return payload
 
 
-def _na(value: object, unit: str = "") -> str:
-    return "n/a" if value is None else f"{value}{unit}"
-
-
 def render_inventory(payload: dict[str, Any]) -> str:
     lines: list[str] = []
     nvml = payload.get("nvml", {})
     if nvml.get("available"):
         lines.append(
-            f"driver {_na(nvml.get('driver_version'))}  CUDA {_na(nvml.get('cuda_driver_version'))}  "
+            f"driver {na(nvml.get('driver_version'))}  CUDA {na(nvml.get('cuda_driver_version'))}  "
             f"{len(payload['gpus'])} GPU(s)"
         )
     else:
@@ -83,7 +71,7 @@ def render_inventory(payload: dict[str, Any]) -> str:
         uuid = (gpu.get("uuid") or "n/a")[:13]
         lines.append(
             f"{mark} {gpu['index']:>3}  {(gpu.get('name') or 'n/a')[:26]:<26} {uuid:<14} "
-            f"{(gpu.get('pci_bus_id') or 'n/a')[-12:]:<13} {mem:>17} {_na(gpu.get('utilization_gpu'), '%'):>5} "
+            f"{(gpu.get('pci_bus_id') or 'n/a')[-12:]:<13} {mem:>17} {na(gpu.get('utilization_gpu'), '%'):>5} "
             f"{len(gpu.get('processes') or [])}"
         )
     sel = payload.get("selection")

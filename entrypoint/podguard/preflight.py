@@ -84,6 +84,19 @@ PROBE_CHOICES = ("auto", "cuda", "off")
 COMMANDS_WITH_CLEANUP = ("train", "run", "cleanup", "preflight")
 
 
+def select_for(opts: PreflightOptions, inventory: list[GpuSnapshot]) -> Selection:
+    """The selection these options ask for on this inventory (UsageError 64 / PodguardError 69)."""
+    return select_gpus(
+        inventory,
+        gpu_list=opts.gpu_list,
+        cuda_visible_devices=opts.cuda_visible_devices,
+        nproc_per_node=opts.nproc_per_node,
+        expect_gpus=opts.expect_gpus,
+        on_fewer=opts.on_fewer,
+        require_gpu=opts.require_gpu,
+    )
+
+
 def validate_options(opts: PreflightOptions) -> None:
     """Reject bad configuration before anything is done (no half-done actions)."""
     if opts.probe not in PROBE_CHOICES:
@@ -188,15 +201,7 @@ def run_preflight(
         else:
             payload["nvml"] = {"available": False, "failure": "library_not_found"}
         t = timings.mark("inventory", t)
-        selection = select_gpus(
-            inventory,
-            gpu_list=opts.gpu_list,
-            cuda_visible_devices=opts.cuda_visible_devices,
-            nproc_per_node=opts.nproc_per_node,
-            expect_gpus=opts.expect_gpus,
-            on_fewer=opts.on_fewer,
-            require_gpu=opts.require_gpu,
-        )
+        selection = select_for(opts, inventory)
         payload["warnings"].extend(selection.warnings)
         if validate_selection is not None:
             validate_selection(selection)

@@ -48,6 +48,11 @@ def write_report(state: Path, command: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def na(value: object, unit: str = "") -> str:
+    """A value NVML could not report prints as "n/a", never as None or a crash."""
+    return "n/a" if value is None else f"{value}{unit}"
+
+
 def fmt_mib(value: int | None) -> str:
     return "n/a" if value is None else f"{value // MIB} MiB"
 
