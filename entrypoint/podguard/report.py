@@ -7,6 +7,7 @@ container can find it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -45,7 +46,22 @@ def write_report(state: Path, command: str, payload: dict[str, Any]) -> Path:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         tmp.write_text(data)
         os.replace(tmp, target)
+    _prune(reports)
     return path
+
+
+KEEP_REPORTS = 200  # a container HEALTHCHECK runs `podguard health` every minute: keep the folder bounded
+
+
+def _prune(reports: Path) -> None:
+    """Delete all but the newest KEEP_REPORTS reports (names start with a sortable UTC timestamp)."""
+    try:
+        names = sorted(e.name for e in os.scandir(reports) if e.name.endswith(".json") and e.name[:1].isdigit())
+    except OSError:
+        return
+    for name in names[:-KEEP_REPORTS]:
+        with contextlib.suppress(OSError):
+            (reports / name).unlink()
 
 
 def na(value: object, unit: str = "") -> str:

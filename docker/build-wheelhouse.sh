@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the image's wheelhouse on the host, so that `docker build` installs everything with
+# `pip install --no-index` (no package index or HTTPS needed inside the build).
+#
+#   docker/build-wheelhouse.sh [OUT]    (default OUT: docker/wheelhouse)
+#
+# OUT/app/   podguard's own wheel, rebuilt every time (cheap)
+# OUT/deps/  its dependencies + torch, for the image's Python; cached: re-resolved only when
+#            pyproject.toml, TORCH_SPEC or IMAGE_PYTHON change
+#
+# Environment: IMAGE_PYTHON (the base image's python3 version, e.g. 3.11; default: the host pip's),
+# TORCH_SPEC (default torch==2.13.0, the CPU build on the CI machines' disk; `torch` for a CUDA build),
+# PIP (default: python3 -m pip).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-docker/wheelhouse}
+pip=${PIP:-python3 -m pip}
+torch_spec=${TORCH_SPEC:-torch==2.13.0}
+image_python=${IMAGE_PYTHON:-$($pip --version | sed -E 's/.*\(python ([0-9]+\.[0-9]+)\).*/\1/')}
+arch=$(uname -m)
+
+mkdir -p "$out/app"
+rm -f "$out"/app/*.whl
+# A fixed timestamp makes the wheel reproducible: unchanged sources keep Docker's layer cache.
+SOURCE_DATE_EPOCH=315532800 $pip wheel -q --no-deps -w "$out/app" .
+
+key=$(printf '%s\n%s\n%s\n' "$(sha256sum pyproject.toml)" "$torch_spec" "$image_python-$arch" | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$out/deps/.key" 2>/dev/null || true)" = "$key" ]; then
+  echo "wheelhouse: dependencies cached ($out/deps, python $image_python)"
+  exit 0
+fi
+rm -rf "$out/deps"
+mkdir -p "$out/deps"
+# Binary wheels for the image's Python and any glibc up to 2.35 (Ubuntu 22.04; Debian 12 has 2.36).
+platforms=()
+for tag in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 \
+  manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1 linux; do
+  platforms+=(--platform "${tag}_${arch}")
+done
+echo "wheelhouse: resolving podguard's dependencies + $torch_spec for python $image_python ($arch)"
+# The local wheel by path: a package of the same name on an index must never be picked instead.
+if ! $pip download -q --only-binary=:all: --python-version "$image_python" --implementation cp "${platforms[@]}" \
+  -d "$out/deps" "$(ls "$out"/app/podguard-*.whl)" "$torch_spec" >"$out/download.log" 2>&1; then
+  grep -v '^WARNING: Location' "$out/download.log" >&2
+  echo "wheelhouse: resolving the dependencies failed (log: $out/download.log)" >&2
+  exit 1
+fi
+rm -f "$out"/deps/podguard-*.whl
+echo "$key" >"$out/deps/.key"
+echo "wheelhouse: $(ls "$out"/deps/*.whl | wc -l) wheels in $out/deps"
