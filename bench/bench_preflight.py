@@ -44,7 +44,7 @@ def main() -> int:
             {
                 "seed: import torch; cuda.device_count()": (seed, env),
                 "podguard gpus --json": (gpus, env),
-                "podguard run --probe off -- true (preflight)": (preflight, env),
+                "podguard run --probe off -- true (preflight+launch)": (preflight, env),
                 "podguard health --probe off": ([*PODGUARD, "health", "--probe", "off"], env),
             },
             args.repeats,

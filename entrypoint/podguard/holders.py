@@ -334,7 +334,9 @@ class _Matcher:
 
     def __init__(self, protect: Sequence[str], patterns: Sequence[str]) -> None:
         globs = [*BUILTIN_PROTECTED, *(p for p in protect if p)]
-        self.protect = [(g, re.compile(fnmatch.translate(g))) for g in globs]
+        # Most protected names are plain words: a set lookup, no regex to compile on every preflight.
+        self.protect_names = {g for g in globs if not any(c in g for c in "*?[")}
+        self.protect = [(g, re.compile(fnmatch.translate(g))) for g in globs if g not in self.protect_names]
         self.patterns: list[tuple[str, re.Pattern[str]]] = []
         for pat in patterns:
             if not pat:
@@ -348,6 +350,9 @@ class _Matcher:
                 ) from None
 
     def protected(self, p: ProcInfo) -> str | None:
+        for name in p.names:
+            if name in self.protect_names:
+                return name
         for glob, rx in self.protect:
             for name in p.names:
                 if rx.match(name):

@@ -161,8 +161,12 @@ def run_preflight(
     out = out if out is not None else sys.stderr
     imports_started = time.perf_counter()
     if backend_factory is None:
-        # Loading the NVML binding is interpreter start-up, not preflight work: timed apart from it.
+        # Loading code is interpreter start-up, not preflight work: timed apart from it.
         import pynvml  # noqa: F401
+    if opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
+        import podguard.cleanup
+    if opts.lease:
+        import podguard.leases  # noqa: F401
     imports_ms = round((time.perf_counter() - imports_started) * 1000, 3)
     timings = Timings()
     payload: dict[str, Any] = {
@@ -355,10 +359,10 @@ def _gate(
     """NVML checks first; then the probe on GPUs that passed them, with XID events watched meanwhile."""
     nvml_only = _judge(backend, indices, opts, probes={}, xids=[], hardware=True)
     candidates = [v.index for v in nvml_only.verdicts if v.verdict is Verdict.HEALTHY]
-    from podguard.probe import cuda_probe_available, run_probes
-
     probe_mode = opts.probe
     if probe_mode == "auto":
+        from podguard.probe import cuda_probe_available
+
         probe_mode = "cuda" if (opts.probe_cmd or cuda_probe_available()) else "off"
     if probe_mode == "off" and opts.probe_cmd is None:
         if opts.xid_window_s > 0 and candidates:
@@ -372,6 +376,8 @@ def _gate(
     for gpu in selection.gpus:
         if gpu.index in candidates and gpu.index not in {i for i, _ in targets}:
             targets.append((gpu.index, gpu.visible_id))
+    from podguard.probe import run_probes
+
     watcher = XidWatcher(backend, candidates, opts.probe_timeout_s + 1.0)
     results = run_probes(targets, timeout_s=opts.probe_timeout_s, probe_cmd=opts.probe_cmd)
     xids = watcher.stop()

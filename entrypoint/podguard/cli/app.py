@@ -40,20 +40,33 @@ def _root(
     """podguard: reliable GPU job start-up on RunPod and any Docker GPU host."""
 
 
-def _register() -> None:
+NODE_COMMANDS = ("gpus", "health", "cleanup", "doctor")
+LAUNCH_COMMANDS = ("train", "run", "sweep")
+
+
+def _register(argv: list[str]) -> None:
+    """Register the commands this invocation can reach.
+
+    Typer builds a Click command for every registered function on every start (~4 ms each, plus its
+    module's imports); `podguard run` is on a training job's start-up path, so only the invoked command is
+    built. `--help`, no command, or an unknown one registers them all (help lists them; errors name them).
+    """
     from podguard.cli import node, train
 
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first in NODE_COMMANDS or first in LAUNCH_COMMANDS:
+        (node if first in NODE_COMMANDS else train).register(app, only=first)
+        return
     node.register(app)
     train.register(app)
 
 
-_register()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and turn every failure into a documented exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    _register(args)
     try:
-        code = app(args=argv, prog_name="podguard", standalone_mode=False)
+        code = app(args=args, prog_name="podguard", standalone_mode=False)
     except click_exc.NoArgsIsHelpError as exc:
         print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
         code = ExitCode.USAGE

@@ -13,11 +13,10 @@ from podguard.errors import ExitCode, PodguardError
 from podguard.preflight import run_preflight, validate_options
 
 
-def register(app: typer.Typer) -> None:
-    app.command("gpus")(gpus)
-    app.command("health")(health)
-    app.command("cleanup")(cleanup)
-    app.command("doctor")(doctor)
+def register(app: typer.Typer, only: str | None = None) -> None:
+    for name, func in COMMANDS.items():
+        if only is None or name == only:
+            app.command(name)(func)
 
 
 def gpus(
@@ -114,3 +113,6 @@ def _finish(result, as_json: bool) -> None:  # type: ignore[no-untyped-def]
         print()
     if result.exit_code != ExitCode.OK:
         raise typer.Exit(result.exit_code)
+
+
+COMMANDS = {"gpus": gpus, "health": health, "cleanup": cleanup, "doctor": doctor}

@@ -25,7 +25,7 @@ import typer
 from podguard.cli import options as o
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.launch.spec import JobOutcome
-from podguard.preflight import PreflightOptions, PreflightResult, run_preflight
+from podguard.preflight import PreflightOptions, run_preflight
 from podguard.selection import Selection, parse_count
 
 LAUNCH = "Launch"
@@ -177,10 +177,10 @@ MaxRestarts = Annotated[
 ]
 
 
-def register(app: typer.Typer) -> None:
-    app.command("train")(train)
-    app.command("run")(run)
-    app.command("sweep")(sweep)
+def register(app: typer.Typer, only: str | None = None) -> None:
+    for name, func in COMMANDS.items():
+        if only is None or name == only:
+            app.command(name)(func)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -627,4 +627,4 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["PreflightResult", "launch", "register", "run", "sweep", "train"]
+COMMANDS = {"train": train, "run": run, "sweep": sweep}
