@@ -154,9 +154,10 @@ def test_usr1_is_forwarded_without_stopping_and_state_is_restored(tmp_path: Path
     class SendUsr1(Controller):
         def on_start(self, sup: Supervisor) -> None:
             sup.start(_worker(tmp_path, "w", "usr1"))
-            ignore = (
-                "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
-                f"open({str(tmp_path / 'late.pid')!r}, 'w').write('1'); time.sleep(1)"
+            ignore = (  # stays up until the other worker has handled USR1 (deadline 10 s), then exits 0
+                "import os, signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+                f"open({str(tmp_path / 'late.pid')!r}, 'w').write('1'); end = time.monotonic() + 10\n"
+                f"while not os.path.exists({str(tmp_path / 'w.sig')!r}) and time.monotonic() < end: time.sleep(0.01)"
             )
             sup.start(WorkerSpec("late", (PY, "-c", ignore)))
 
