@@ -6,7 +6,6 @@ only make the pure logic (selection, gate rules, cleanup planning) quick to test
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 
 from podguard.gpu.backend import DriverInfo, GpuProcess, GpuSnapshot, XidEvent
@@ -92,7 +91,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
-
-
-def pid_exists(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")

@@ -69,10 +69,6 @@ def na(value: object, unit: str = "") -> str:
     return "n/a" if value is None else f"{value}{unit}"
 
 
-def fmt_mib(value: int | None) -> str:
-    return "n/a" if value is None else f"{value // MIB} MiB"
-
-
 def _held(memory_mib: dict[str, float | None] | None) -> str:
     """ ", holding 4096 MiB" from a kill record's per-GPU memory (None where NVML did not say)."""
     known = [m for m in (memory_mib or {}).values() if m]
