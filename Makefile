@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[dev,torch]'
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" -e '.[dev,torch,pods,image]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,7 +45,7 @@ clean:
 ## the container image (tini as PID 1, podguard as the entrypoint). The wheelhouse is built on the host
 ## first (docker/build-wheelhouse.sh), so the build needs no package index. For a real CUDA image:
 ##   make image TORCH_SPEC=torch IMAGE_PYTHON=3.12            (default base: CUDA on Ubuntu 24.04, Python 3.12)
-## Offline, on the local Debian base the tests build (tests/image_support/build-base-image.sh):
+## Offline, on the local Debian base the tests build (tests/image/support/build-base-image.sh):
 ##   make image BASE_IMAGE=podguard-test-base:bookworm       (Python 3.11, no openssh-server: no apt needed)
 IMAGE ?= podguard:latest
 BASE_IMAGE ?= nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04

@@ -27,8 +27,8 @@ SEED_FIXED_SLEEPS_S = 3 + 1 + 2
 
 def death_to_idle(node, release_ms: int, repeats: int) -> list[float]:
     """Kill a holder ourselves, then time `wait_for_idle` until NVML shows GPU 0 idle."""
-    from podguard.cleanup import wait_for_idle
     from podguard.gpu.nvml import NvmlBackend
+    from podguard.preflight.cleanup.executor import wait_for_idle
 
     node.scenario.release_delay_ms = release_ms
     node.write()

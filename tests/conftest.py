@@ -89,7 +89,7 @@ def cli_node(nvml_node, tmp_path, monkeypatch):
 @pytest.fixture
 def spawner(tmp_path):
     """Real helper processes for the procs/holders/cleanup tests, all stopped at teardown."""
-    from test_procs import Spawner
+    from procspawn import Spawner
 
     s = Spawner(tmp_path)
     try:

@@ -17,8 +17,6 @@ from typing import Any
 
 from podguard.state import subdir
 
-MIB = 1 << 20
-
 
 @dataclass
 class Timings:

@@ -42,6 +42,9 @@ def _root(
 
 NODE_COMMANDS = ("gpus", "health", "cleanup", "doctor")
 LAUNCH_COMMANDS = ("train", "run", "sweep")
+# Command groups in modules of their own, imported only when invoked (the pod commands load an HTTP
+# client, the image commands the Docker SDK): group name -> module with `register(app, only=name)`.
+GROUP_MODULES: dict[str, str] = {}
 
 
 def _register(argv: list[str]) -> None:
@@ -51,14 +54,21 @@ def _register(argv: list[str]) -> None:
     module's imports); `podguard run` is on a training job's start-up path, so only the invoked command is
     built. `--help`, no command, or an unknown one registers them all (help lists them; errors name them).
     """
-    from podguard.cli import node, train
+    import importlib
+
+    from podguard.cli import launch, node
 
     first = next((a for a in argv if not a.startswith("-")), None)
     if first in NODE_COMMANDS or first in LAUNCH_COMMANDS:
-        (node if first in NODE_COMMANDS else train).register(app, only=first)
+        (node if first in NODE_COMMANDS else launch).register(app, only=first)
+        return
+    if first in GROUP_MODULES:
+        importlib.import_module(GROUP_MODULES[first]).register(app, only=first)
         return
     node.register(app)
-    train.register(app)
+    launch.register(app)
+    for name, module in GROUP_MODULES.items():
+        importlib.import_module(module).register(app, only=name)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer
 
-from podguard.cli import options as o
+from podguard.cli import params as o
 from podguard.errors import ExitCode, PodguardError
-from podguard.preflight import run_preflight, validate_options
+from podguard.preflight.pipeline import run_preflight, validate_options
 
 
 def register(app: typer.Typer, only: str | None = None) -> None:
@@ -28,7 +28,7 @@ def gpus(
     as_json: o.Json = False,
 ) -> None:
     """The GPU inventory and the selection this node would use (GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE)."""
-    from podguard.inventory import inventory_payload, render_inventory
+    from podguard.preflight.inventory import inventory_payload, render_inventory
 
     opts = o.options_from("gpus", locals())
     payload = inventory_payload(opts)
@@ -85,7 +85,7 @@ def doctor(
     as_json: o.Json = False,
 ) -> None:
     """Everything a person needs when something is wrong: driver, GPUs, holders, health, env, recommendations."""
-    from podguard.doctor import collect, render
+    from podguard.preflight.doctor import collect, render
 
     opts = o.build_options("doctor", state_dir=state_dir, dev_dir=dev_dir, probe="off", on_fewer="continue")
     try:

@@ -115,7 +115,7 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
 
     from podguard.demo import data as demo_data
     from podguard.demo.model import DemoNet
-    from podguard.prepare import prepare_once
+    from podguard.launch.prepare import prepare_once
 
     rank, world = ctx.rank, ctx.world_size
     if not ctx.is_cuda and "OMP_NUM_THREADS" not in os.environ:

@@ -77,7 +77,7 @@ from podguard.launch.printer import LineCallback
 from podguard.launch.process import Worker
 from podguard.launch.spec import JobOutcome, WorkerSpec
 from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor, check_specs
-from podguard.selection import SelectedGpu, Selection
+from podguard.preflight.selection import SelectedGpu, Selection
 
 MODES = ("auto", "single", "per-gpu", "torchrun", "roles")
 DEFAULT_PREFIX = "GPU{gpu}:"

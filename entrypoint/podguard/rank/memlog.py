@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podguard.rank._env import current_rank, emit
+from podguard.units import MIB
 
 _PHASE_RE = re.compile(r"[^A-Za-z0-9._-]+")
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,279 @@
+"""`podguard doctor`: the diagnostics a person reads when something is wrong.
+
+It replaces the seeds' `fix_gpu.sh`, without its side effects: it reads NVML (never a CUDA context), the
+process table, the environment and the last preflight report, and only ever *recommends*. Secrets are
+reported as present/absent, never printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from podguard import __version__
+from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
+from podguard.gpu.factory import open_backend
+from podguard.preflight.gate.rules import GateThresholds, judge_all
+from podguard.preflight.pipeline import PreflightOptions
+from podguard.report import na
+from podguard.state import state_dir
+from podguard.units import GIB, MIB
+
+DISTRIBUTED_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "NNODES",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "GPU_LIST",
+    "NPROC_PER_NODE",
+    "NCCL_DEBUG",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)
+RUNPOD_VARS = (
+    "RUNPOD_POD_ID",
+    "RUNPOD_POD_HOSTNAME",
+    "RUNPOD_GPU_COUNT",
+    "RUNPOD_CPU_COUNT",
+    "RUNPOD_DC_ID",
+    "RUNPOD_PUBLIC_IP",
+    "RUNPOD_TCP_PORT_22",
+    "RUNPOD_API_BASE_URL",
+    "PRIMARY_ADDR",
+    "PRIMARY_PORT",
+    "NODE_RANK",
+    "NUM_NODES",
+    "NUM_TRAINERS",
+)
+SECRET_VARS = ("RUNPOD_API_KEY", "PUBLIC_KEY", "HF_TOKEN", "WANDB_API_KEY")
+SHM_MINIMUM = 1 * GIB  # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _disk(path: Path) -> dict[str, Any] | None:
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    return {"path": str(path), "total": usage.total, "free": usage.free}
+
+
+def _host() -> dict[str, Any]:
+    mem = _meminfo()
+    return {
+        "cpus": os.cpu_count(),
+        "memory_total": mem.get("MemTotal"),
+        "memory_available": mem.get("MemAvailable"),
+        "shm": _disk(Path("/dev/shm")),
+        "workspace": _disk(Path("/workspace")) if Path("/workspace").exists() else None,
+        "pid1": _comm(1),
+        "in_container": Path("/.dockerenv").exists() or Path("/run/.containerenv").exists(),
+        "torch_installed": importlib.util.find_spec("torch") is not None,
+    }
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def _holders(backend: Any, indices: list[int], dev_dir: Path) -> dict[str, Any]:
+    """Who holds each GPU, with the same evidence rules the cleanup uses (read-only here)."""
+    from podguard.preflight.cleanup.planner import describe_holders
+
+    try:
+        return describe_holders(backend, indices, dev_dir=dev_dir)
+    except Exception as exc:  # doctor must always print what it has
+        return {"error": f"could not inspect processes: {exc}"}
+
+
+def _latest_report(base: Path) -> dict[str, Any] | None:
+    path = base / "reports" / "latest.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return {
+        "path": str(path),
+        "command": data.get("command"),
+        "started_at": data.get("started_at"),
+        "verdict": data.get("verdict"),
+        "exit_code": data.get("exit_code"),
+        "message": data.get("message"),
+    }
+
+
+def collect(opts: PreflightOptions) -> dict[str, Any]:
+    """Gather everything; every section degrades to an explanation instead of failing."""
+    data: dict[str, Any] = {"podguard_version": __version__}
+    snaps: list[GpuSnapshot] = []
+    backend = None
+    try:
+        backend = open_backend()
+    except NvmlUnavailable as exc:
+        data["nvml"] = {"available": False, "failure": exc.kind.value, "message": exc.message}
+    if backend is None and "nvml" not in data:
+        data["nvml"] = {"available": False, "failure": "library_not_found", "message": "no NVIDIA driver: CPU only"}
+    if backend is not None:
+        try:
+            drv = backend.driver()
+            data["nvml"] = {"available": True, **drv.__dict__}
+            snaps = [backend.snapshot(i) for i in range(backend.device_count())]
+            data["holders"] = _holders(backend, [s.index for s in snaps], opts.dev_dir)
+        finally:
+            backend.close()
+    data["gpus"] = [s.to_dict() for s in snaps]
+    gate = judge_all(snaps, GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c))
+    data["health"] = [v.to_dict() for v in gate.verdicts]
+    env = os.environ
+    data["distributed_env"] = {k: env[k] for k in DISTRIBUTED_VARS if k in env}
+    data["runpod_env"] = {k: env[k] for k in RUNPOD_VARS if k in env}
+    data["secrets"] = {k: ("present" if env.get(k) else "absent") for k in SECRET_VARS}
+    data["host"] = _host()
+    try:
+        base = state_dir(opts.state_dir)
+        data["state_dir"] = str(base)
+        data["last_preflight"] = _latest_report(base)
+    except Exception as exc:
+        data["state_dir"] = f"unusable: {exc}"
+    data["recommendations"] = recommend(data, snaps)
+    return data
+
+
+def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
+    recs: list[str] = []
+    nvml = data.get("nvml", {})
+    if not nvml.get("available"):
+        failure = nvml.get("failure")
+        if failure == "library_not_found":
+            recs.append(
+                "no NVIDIA driver visible: on a GPU host start the container with `--gpus all`; "
+                "on a CPU pod podguard trains on CPU"
+            )
+        else:
+            recs.append(f"{nvml.get('message')}")
+    for verdict in data.get("health", []):
+        if verdict["verdict"] == "unhealthy":
+            recs.append(
+                f"GPU{verdict['index']} is unhealthy ({'; '.join(verdict['reasons'])}): exclude it with GPU_LIST, "
+                "or stop and start the pod / move machines"
+            )
+        elif verdict["verdict"] == "busy":
+            recs.append(f"GPU{verdict['index']} is busy ({'; '.join(verdict['reasons'])}): run `podguard cleanup`")
+    if any(s.compute_mode is not None and s.compute_mode.value == "exclusive_process" for s in snaps):
+        recs.append("a GPU is in exclusive-process compute mode: only one process may hold a context on it")
+    if snaps and any(s.persistence_mode is False for s in snaps):
+        recs.append("persistence mode is off: the first CUDA call after idle is slower (host setting)")
+    env = data.get("distributed_env", {})
+    world, local_rank = env.get("WORLD_SIZE"), env.get("LOCAL_RANK")
+    if local_rank is not None and local_rank.isdigit() and snaps and int(local_rank) >= len(snaps):
+        recs.append(f"LOCAL_RANK={local_rank} but only {len(snaps)} GPU(s): this is the 'invalid device ordinal' crash")
+    if world is not None and not world.isdigit():
+        recs.append(f"WORLD_SIZE={world!r} is not a number")
+    expected = data.get("runpod_env", {}).get("RUNPOD_GPU_COUNT")
+    if expected and expected.isdigit() and nvml.get("available") and int(expected) != len(snaps):
+        recs.append(f"RUNPOD_GPU_COUNT={expected} but NVML sees {len(snaps)} GPU(s): a GPU may have fallen off")
+    shm = (data.get("host") or {}).get("shm")
+    if shm and shm["total"] < SHM_MINIMUM and len(snaps) > 1:
+        recs.append(
+            f"/dev/shm is only {shm['total'] // MIB} MiB: NCCL and DataLoader workers need more "
+            "(docker run --shm-size=16g, or --ipc=host)"
+        )
+    host = data.get("host") or {}
+    if host.get("in_container") and host.get("pid1") not in (None, "tini", "dumb-init", "docker-init", "podguard"):
+        recs.append(
+            f"PID 1 is {host.get('pid1')!r}: zombies of crashed workers may pile up; run podguard (or tini) as PID 1"
+        )
+    if not recs:
+        recs.append("nothing wrong found")
+    return recs
+
+
+def render(data: dict[str, Any]) -> str:
+    out: list[str] = [f"podguard doctor {data['podguard_version']}"]
+    nvml = data.get("nvml", {})
+    if nvml.get("available"):
+        out.append(
+            f"driver {na(nvml.get('driver_version'))}, CUDA driver {na(nvml.get('cuda_driver_version'))}, "
+            f"NVML {na(nvml.get('nvml_version'))}"
+        )
+    else:
+        out.append(f"NVML unavailable ({nvml.get('failure')}): {nvml.get('message')}")
+    health = {h["index"]: h for h in data.get("health", [])}
+    holders = (data.get("holders") or {}).get("gpus", {})
+    for gpu in data.get("gpus", []):
+        idx = gpu["index"]
+        total, used = gpu.get("memory_total"), gpu.get("memory_used")
+        mem = "n/a" if total is None else f"{(used or 0) // MIB}/{total // MIB} MiB"
+        ecc = gpu.get("ecc") or {}
+        verdict = health.get(idx, {}).get("verdict", "?")
+        out.append(f"GPU{idx} {na(gpu.get('name'))} {na(gpu.get('uuid'))} [{verdict}]")
+        out.append(
+            f"    pci {na(gpu.get('pci_bus_id'))}  mem {mem}  util {na(gpu.get('utilization_gpu'), '%')}  "
+            f"temp {na(gpu.get('temperature_c'), 'C')}/{na(gpu.get('temperature_slowdown_c'), 'C')}  "
+            f"pcie x{na(gpu.get('pcie_link_width'))}/x{na(gpu.get('pcie_link_width_max'))}"
+        )
+        out.append(
+            f"    compute {na(gpu.get('compute_mode'))}  persistence {na(gpu.get('persistence_mode'))}  "
+            f"MIG {na(gpu.get('mig_enabled'))}  ECC {na(ecc.get('enabled'))} "
+            f"(uncorrected {na(ecc.get('uncorrected_volatile'))}, corrected {na(ecc.get('corrected_volatile'))})  "
+            f"remap pending {na(ecc.get('remap_pending'))} failed {na(ecc.get('remap_failure'))}  "
+            f"retired pending {na(ecc.get('retired_pages_pending'))}"
+        )
+        if gpu.get("clock_event_names"):
+            out.append(f"    clocks limited by: {', '.join(gpu['clock_event_names'])}")
+        for proc in holders.get(str(idx), holders.get(idx, [])):
+            out.append(f"    held by {proc}")
+        for reason in health.get(idx, {}).get("reasons", []):
+            out.append(f"    ! {reason}")
+        for warning in health.get(idx, {}).get("warnings", []):
+            out.append(f"    ~ {warning}")
+    if (data.get("holders") or {}).get("foreign"):
+        out.append(f"NVML reports processes that are not in this container: {data['holders']['foreign']}")
+    out.append("distributed env: " + (", ".join(f"{k}={v}" for k, v in data["distributed_env"].items()) or "none"))
+    out.append("RunPod env: " + (", ".join(f"{k}={v}" for k, v in data["runpod_env"].items()) or "none"))
+    out.append("secrets: " + ", ".join(f"{k} {v}" for k, v in data["secrets"].items()))
+    host = data.get("host", {})
+    shm = host.get("shm") or {}
+    out.append(
+        f"host: {host.get('cpus')} CPUs, {(host.get('memory_available') or 0) // GIB}/"
+        f"{(host.get('memory_total') or 0) // GIB} GiB free, /dev/shm {(shm.get('total') or 0) // MIB} MiB, "
+        f"PID 1 {host.get('pid1')}, torch {'installed' if host.get('torch_installed') else 'not installed'}"
+    )
+    out.append(f"state dir: {data.get('state_dir')}")
+    last = data.get("last_preflight")
+    if last:
+        out.append(
+            f"last preflight: {last['command']} at {last['started_at']}: {last['verdict']} "
+            f"(exit {last['exit_code']}) {last.get('message') or ''}".rstrip()
+        )
+    out.append("recommendations:")
+    out.extend(f"  - {r}" for r in data["recommendations"])
+    return "\n".join(out)

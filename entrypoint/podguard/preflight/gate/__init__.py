@@ -1,0 +1,1 @@
+"""The health gate: NVML rules, XID watching and the CUDA probe children."""

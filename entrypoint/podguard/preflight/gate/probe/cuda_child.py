@@ -1,0 +1,98 @@
+"""The built-in CUDA probe: `python -m podguard.preflight.gate.probe.cuda_child`, started by `run_probes`
+with exactly one GPU visible (CUDA_VISIBLE_DEVICES=<its UUID>).
+
+It proves the GPU can do real work, not just that NVML can see it: create a context, allocate, run a
+1024x1024 fp32 matmul checked against a CPU reference and an identity product, synchronise. It prints
+exactly one JSON line (`ok`, `ms`, `device`, `uuid`, `error`) and exits 0 (healthy) or 1, never with a
+traceback: the parent reads the JSON line, and a person reads its `error`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+N = 1024
+REL_TOLERANCE = 1e-3  # fp32 with TF32 off differs from the CPU by ~1e-6 relative; faults are far larger
+
+
+class ProbeFailure(Exception):
+    """A failed check, with the message the report will show."""
+
+
+def probe() -> dict[str, Any]:
+    """Run the checks on cuda:0; return details, or raise ProbeFailure / the CUDA error."""
+    warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch without numpy warns at import; noise here
+    try:
+        import torch
+    except ImportError as exc:
+        raise ProbeFailure(f"torch is not importable: {exc}") from None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if not available:
+        hint = next((str(w.message).splitlines()[0] for w in caught if "cuda" in str(w.message).lower()), "")
+        build = torch.version.cuda or "no (CPU-only build)"
+        raise ProbeFailure(
+            f"CUDA not available (torch {torch.__version__}, CUDA build: {build}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})" + (f": {hint}" if hint else "")
+        )
+
+    device = torch.device("cuda:0")
+    torch.cuda.set_device(device)
+    props = torch.cuda.get_device_properties(device)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid and not uuid.startswith(("GPU-", "MIG-")):
+        uuid = "GPU-" + uuid
+    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32, so the CPU comparison is meaningful
+
+    # allocation: a 32 MiB buffer written and read back (sum of ones is exact in fp32 up to 2**24)
+    count = 8 * 1024 * 1024
+    ones = torch.ones(count, dtype=torch.float32, device=device)
+    if int(ones.sum().item()) != count:
+        raise ProbeFailure("a 32 MiB buffer of ones did not sum to its size: memory or compute is corrupt")
+    del ones
+
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(N, N, generator=gen)
+    b = torch.randn(N, N, generator=gen)
+    a_d, b_d = a.to(device), b.to(device)
+    product = a_d @ b_d
+    identity = a_d @ torch.eye(N, device=device)
+    torch.cuda.synchronize(device)
+    product_cpu = product.cpu()
+    if not bool(torch.isfinite(product_cpu).all()):
+        raise ProbeFailure(f"{N}x{N} matmul produced NaN/Inf")
+    reference = a @ b
+    rel_err = float((product_cpu - reference).abs().max() / reference.abs().max())
+    if not rel_err <= REL_TOLERANCE:
+        raise ProbeFailure(f"{N}x{N} fp32 matmul differs from the CPU reference (max rel error {rel_err:.2e})")
+    if not torch.allclose(identity.cpu(), a, rtol=1e-6, atol=1e-6):
+        raise ProbeFailure(f"{N}x{N} identity matmul did not return its input")
+    return {"device": props.name, "uuid": uuid, "max_rel_err": rel_err}
+
+
+def main() -> int:
+    started = time.monotonic()
+    report: dict[str, Any] = {"ok": False, "ms": None, "device": None, "uuid": None, "error": None}
+    try:
+        report.update(probe())
+        report["ok"] = True
+    except ProbeFailure as exc:
+        report["error"] = str(exc)
+    except BaseException as exc:  # a CUDA error, an OOM, Ctrl-C: one JSON line, no traceback
+        lines = (str(exc).strip() or type(exc).__name__).splitlines()
+        report["error"] = f"{type(exc).__name__}: {lines[0][:400]}"
+    report["ms"] = round((time.monotonic() - started) * 1000, 1)
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Launch modes: single, per-gpu (GPU and CPU-only), auto, --only-gpu, prefix formats."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podguard.errors import UsageError
+from podguard.launch.modes import (
+    only_for_gpu,
+    per_gpu_specs,
+    pick_mode,
+    single_spec,
+    validate_mode,
+)
+from podguard.launch.supervisor import run_job
+from podguard.preflight.selection import SelectedGpu, Selection
+
+PY = sys.executable
+
+
+def _selection(indices=(0, 1, 2, 3)) -> Selection:
+    gpus = tuple(SelectedGpu(i, f"GPU-{i:08d}", f"GPU-{i:08d}", "H100") for i in indices)
+    return Selection(gpus=gpus, source="GPU_LIST", inventory_count=8)
+
+
+CPU = Selection(gpus=(), source="none", inventory_count=0)
+
+
+def test_single_sees_exactly_the_selected_gpus_by_uuid(tmp_path: Path):
+    spec = single_spec(["python", "serve.py"], _selection((2, 5)), log_dir=tmp_path)
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "GPU-00000002,GPU-00000005"
+    assert spec.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert spec.log_path == tmp_path / "job.log" and spec.gpus == (2, 5)
+    assert single_spec(["x"], CPU).env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_per_gpu_env_prefix_and_logs(tmp_path: Path):
+    specs = per_gpu_specs(["python", "train.py"], _selection((1, 3, 4)), master_port=29600, log_dir=tmp_path)
+    assert [s.name for s in specs] == ["GPU1", "GPU3", "GPU4"]
+    assert [s.prefix for s in specs] == ["GPU1:", "GPU3:", "GPU4:"]
+    second = specs[1].env
+    assert second["CUDA_VISIBLE_DEVICES"] == "GPU-00000003"
+    assert (second["RANK"], second["LOCAL_RANK"], second["WORLD_SIZE"], second["LOCAL_WORLD_SIZE"]) == (
+        "1",
+        "1",
+        "3",
+        "3",
+    )
+    assert (second["MASTER_ADDR"], second["MASTER_PORT"]) == ("127.0.0.1", "29600")
+    assert specs[2].log_path == tmp_path / "GPU4.log" and specs[2].gpus == (4,)
+    assert specs[1].label == "GPU3 (rank 1)"
+
+
+def test_per_gpu_multi_node_ranks_and_custom_prefix():
+    specs = per_gpu_specs(
+        ["t"], _selection((0, 1)), master_port="1234", node_rank=1, nnodes=2, prefix_format="[rank{rank}] "
+    )
+    assert [s.env["RANK"] for s in specs] == ["2", "3"] and specs[0].env["WORLD_SIZE"] == "4"
+    assert [s.prefix for s in specs] == ["[rank2] ", "[rank3] "]
+
+
+def test_per_gpu_on_a_cpu_only_node_runs_nproc_cpu_workers():
+    specs = per_gpu_specs(["t"], CPU, master_port=29500, nproc=2)
+    assert [(s.name, s.prefix, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [
+        ("CPU0", "CPU0:", ""),
+        ("CPU1", "CPU1:", ""),
+    ]
+    assert len(per_gpu_specs(["t"], CPU, master_port=29500)) == 1
+
+
+def test_mig_slices_of_one_gpu_get_distinct_names():
+    gpus = (SelectedGpu(0, "GPU-a", "MIG-1"), SelectedGpu(0, "GPU-a", "MIG-2"))
+    specs = per_gpu_specs(["t"], Selection(gpus=gpus, source="all", inventory_count=1), master_port=1)
+    assert [s.name for s in specs] == ["GPU0.0", "GPU0.1"]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in specs] == ["MIG-1", "MIG-2"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prefix_format": "{host}:"}, r"unknown field \{host\}"),
+        ({"prefix_format": "{gpu"}, "not a valid format"),
+        ({"master_port": 0}, "MASTER_PORT=0"),
+        ({"master_port": "abc"}, "MASTER_PORT='abc'"),
+        ({"node_rank": 2, "nnodes": 2}, "node rank 2"),
+    ],
+)
+def test_per_gpu_bad_input(kwargs, match):
+    args = {"master_port": 29500, **kwargs}
+    with pytest.raises(UsageError, match=match):
+        per_gpu_specs(["t"], _selection(), **args)
+
+
+def test_only_gpu_filter():
+    specs = per_gpu_specs(["t"], _selection((0, 2)), master_port=1)
+    assert only_for_gpu(specs, 2) == {"GPU2"}
+    with pytest.raises(UsageError, match="no worker runs on GPU 5; valid: 0, 2"):
+        only_for_gpu(specs, "5")
+    with pytest.raises(UsageError, match="expected a GPU index"):
+        only_for_gpu(specs, "x")
+    assert only_for_gpu(per_gpu_specs(["t"], CPU, master_port=1, nproc=2), 1) == {"CPU1"}
+    with pytest.raises(UsageError, match="use per-gpu or roles"):
+        only_for_gpu([single_spec(["t"], _selection())], 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "gpus", "mode"),
+    [
+        (["python", "train.py"], 4, "torchrun"),
+        (["python3.11", "-u", "-X", "dev", "train.py"], 2, "torchrun"),
+        (["train.py", "--lr", "1"], 2, "torchrun"),
+        (["python", "-m", "pkg.train"], 8, "torchrun"),
+        (["python", "train.py"], 1, "single"),
+        (["python", "train.py"], 0, "single"),
+        (["python", "-c", "print(1)"], 4, "single"),
+        (["torchrun", "--nproc-per-node", "4", "train.py"], 4, "single"),
+        (["python", "-m", "torch.distributed.run", "train.py"], 4, "single"),
+        (["bash", "run.sh"], 4, "single"),
+    ],
+)
+def test_auto_mode(argv, gpus, mode):
+    choice = pick_mode(argv, _selection(tuple(range(gpus))))
+    assert choice.mode == mode
+    assert choice.reason.startswith(f"mode auto -> {mode}: ")
+
+
+def test_validate_mode():
+    assert validate_mode("per-gpu") == "per-gpu"
+    with pytest.raises(UsageError, match="choose one of: auto, single, per-gpu, torchrun, roles"):
+        validate_mode("pergpu")
+
+
+def test_per_gpu_job_runs_with_isolated_gpus_and_logs(tmp_path: Path):
+    code = (
+        "import os\n"
+        "print(os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'], "
+        "os.environ['CUDA_VISIBLE_DEVICES'], os.environ['MASTER_PORT'])"
+    )
+    specs = per_gpu_specs([PY, "-c", code], _selection((0, 1, 2)), master_port=29555, log_dir=tmp_path)
+    out = io.BytesIO()
+    outcome = run_job(specs, out=out, only=only_for_gpu(specs, 1), summary=False)
+    assert outcome.exit_code == 0
+    assert out.getvalue() == b"GPU1:1 1 3 GPU-00000001 29555\n"  # --only-gpu 1 on the terminal
+    assert (tmp_path / "GPU2.log").read_text() == "2 2 3 GPU-00000002 29555\n"  # every log file complete
+
+
+def test_importing_the_launch_modules_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "import podguard.launch.modes, podguard.launch.supervisor, podguard.launch.lifecycle\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    assert subprocess.run([PY, "-c", code], check=False).returncode == 0

@@ -1,0 +1,283 @@
+"""prepare-once with real processes: one execution across concurrent runs, none after the stamp, nothing
+left behind by a SIGKILLed run, node 0 only on shared storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from podguard.errors import UsageError
+from podguard.launch.prepare import STAMP_NAME, PrepareError, cache_key, prepare_once
+
+DRIVER = """
+import json, sys
+from podguard.launch.prepare import prepare_once
+cache_root, count_file = sys.argv[1], sys.argv[2]
+# the sleep comes from the env, so runs with different durations still share one cache key
+cmd = ["sh", "-c", f'echo run >> {count_file}; echo partial > "$PODGUARD_PREPARE_DIR/part"; sleep $PREP_SLEEP; '
+       'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"']
+r = prepare_once(cmd, cache_root=cache_root, key_parts={"model": "tiny", "samples": "100"}, progress=lambda s: None)
+print(json.dumps({"hit": r.cache_hit, "by": r.prepared_by, "path": str(r.path), "key": r.key,
+                  "waited": r.waited_s, "run": r.run_s}))
+"""
+
+
+def _start(tmp_path: Path, cache: Path, count: Path, sleep_s: float) -> subprocess.Popen[str]:
+    driver = tmp_path / "driver.py"
+    if not driver.exists():  # rewriting it while an earlier run is still reading it would run an empty file
+        driver.write_text(DRIVER)
+    return subprocess.Popen(
+        [sys.executable, str(driver), str(cache), str(count)],
+        env={**os.environ, "PREP_SLEEP": str(sleep_s)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _runs(count: Path) -> int:
+    return len(count.read_text().split()) if count.exists() else 0
+
+
+def test_four_concurrent_runs_prepare_once_then_never_again(tmp_path: Path) -> None:
+    cache, count = tmp_path / "cache", tmp_path / "count"
+    procs = [_start(tmp_path, cache, count, 0.5) for _ in range(4)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out))
+    assert _runs(count) == 1
+    assert sorted(r["hit"] for r in results) == [False, True, True, True]
+    assert {r["path"] for r in results} == {results[0]["path"]}
+    final = Path(results[0]["path"])
+    assert (final / "data.txt").read_text().strip() == results[0]["key"]
+    stamp = json.loads((final / STAMP_NAME).read_text())
+    assert stamp["key"] == results[0]["key"] and stamp["run_s"] >= 0.5
+    assert stamp["key_parts"] == {"model": "tiny", "samples": "100"}
+    waiters = [r for r in results if r["hit"]]
+    assert all(r["by"] in ("another process", "cache") for r in waiters)
+    # after the stamp: a hit without running anything, and nothing left over in the cache root
+    again = _start(tmp_path, cache, count, 0.5)
+    out, _ = again.communicate(timeout=60)
+    assert json.loads(out)["by"] == "cache"
+    assert _runs(count) == 1
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == [results[0]["key"]]
+
+
+def test_sigkilled_prepare_leaves_no_stamp_and_the_next_run_succeeds(tmp_path: Path) -> None:
+    cache, count = tmp_path / "cache", tmp_path / "count"
+    proc = _start(tmp_path, cache, count, 30)
+    deadline = time.monotonic() + 20
+    while not list(cache.glob(".tmp-*/part")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(cache.glob(".tmp-*/part")), "the prepare step never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert not list(cache.glob(f"*/{STAMP_NAME}"))
+    assert not [p for p in cache.iterdir() if not p.name.startswith(".")]  # no final dir
+    # the step itself died with its parent (parent-death signal), so it is not still writing
+    time.sleep(0.2)
+    assert _runs(count) == 1
+
+    nxt = _start(tmp_path, cache, count, 0)
+    out, err = nxt.communicate(timeout=60)
+    assert nxt.returncode == 0, err
+    result = json.loads(out)
+    assert result["hit"] is False
+    assert _runs(count) == 2
+    assert (Path(result["path"]) / STAMP_NAME).exists()
+    assert not list(cache.glob(".tmp-*")), "the killed run's temp dir was not cleaned"
+
+
+def test_half_renamed_result_without_stamp_is_redone(tmp_path: Path) -> None:
+    calls: list[Path] = []
+
+    def build(out: Path) -> None:
+        calls.append(out)
+        (out / "x").write_text("ok")
+
+    key = cache_key(build, {"a": "1"})
+    (tmp_path / key).mkdir()  # as if killed between the rename and the stamp
+    (tmp_path / key / "junk").write_text("half")
+    result = prepare_once(build, cache_root=tmp_path, key_parts={"a": "1"}, progress=lambda s: None)
+    assert not result.cache_hit and len(calls) == 1
+    assert not (result.path / "junk").exists() and (result.path / "x").read_text() == "ok"
+
+
+def test_callable_command_and_key_rules(tmp_path: Path) -> None:
+    seen: list[Path] = []
+
+    def build(out: Path) -> None:
+        seen.append(out)
+        (out / "f").write_text("1")
+
+    first = prepare_once(build, cache_root=tmp_path, key_parts={"b": 2, "a": "x"}, progress=lambda s: None)
+    assert not first.cache_hit and first.prepared_by == "this process" and first.run_s >= 0
+    assert seen[0] != first.path  # written in a temp dir, then renamed
+    # same parts in another order: same key, a hit
+    second = prepare_once(build, cache_root=tmp_path, key_parts={"a": "x", "b": 2}, progress=lambda s: None)
+    assert second.cache_hit and second.key == first.key and len(seen) == 1
+    # any changed part, or a different command, is a new key
+    assert cache_key(build, {"a": "x", "b": 3}) != first.key
+    assert cache_key(build, {"a": "x", "b": "2"}) != first.key  # 2 and "2" differ
+    assert cache_key(["echo", "1"], {"a": "x"}) != cache_key(["echo", "2"], {"a": "x"})
+
+
+def test_failing_command_caches_nothing_and_reports_its_code(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with pytest.raises(PrepareError, match="exited 5") as info:
+        prepare_once(
+            ["sh", "-c", "touch $PODGUARD_PREPARE_DIR/x; exit 5"],
+            cache_root=tmp_path,
+            key_parts={},
+            progress=lines.append,
+        )
+    assert info.value.code == 5
+    assert list(tmp_path.iterdir()) == [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+    assert any("running" in line for line in lines)
+
+
+def test_failing_callable_cleans_its_temp_dir(tmp_path: Path) -> None:
+    def boom(out: Path) -> None:
+        (out / "x").write_text("1")
+        raise RuntimeError("tokenizer download failed")
+
+    with pytest.raises(RuntimeError, match="tokenizer"):
+        prepare_once(boom, cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_env_reaches_the_command(tmp_path: Path) -> None:
+    cmd = ["sh", "-c", 'echo "$TOKENIZER" > "$PODGUARD_PREPARE_DIR/tok"']
+    result = prepare_once(cmd, cache_root=tmp_path, key_parts={}, env={"TOKENIZER": "gpt2"}, progress=lambda s: None)
+    assert (result.path / "tok").read_text().strip() == "gpt2"
+
+
+def test_shared_storage_only_node0_prepares(tmp_path: Path) -> None:
+    calls: list[int] = []
+    results = {}
+
+    def build(out: Path) -> None:
+        calls.append(1)
+        time.sleep(0.3)
+        (out / "d").write_text("x")
+
+    lines: list[str] = []
+
+    def node(n: int) -> None:
+        results[n] = prepare_once(
+            build,
+            cache_root=tmp_path,
+            key_parts={"k": "v"},
+            shared_storage=True,
+            node_rank=n,
+            progress=lines.append,
+            wait_timeout_s=20,
+            progress_every_s=0.1,
+        )
+
+    followers = [threading.Thread(target=node, args=(n,)) for n in (1, 2)]
+    for t in followers:
+        t.start()
+    time.sleep(0.1)
+    node(0)
+    for t in followers:
+        t.join(timeout=20)
+    assert len(calls) == 1
+    assert not results[0].cache_hit
+    assert results[1].cache_hit and results[1].prepared_by == "node 0" and results[1].waited_s > 0.2
+    assert any("waits for node 0" in line for line in lines)
+    assert any("still waiting for node 0" in line for line in lines)
+
+
+def test_shared_storage_follower_times_out_with_75(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(PrepareError, match="no stamp appeared") as info:
+        prepare_once(
+            ["true"],
+            cache_root=tmp_path,
+            key_parts={},
+            shared_storage=True,
+            node_rank=1,
+            wait_timeout_s=0.3,
+            progress=lambda s: None,
+        )
+    assert info.value.code == 75
+    assert time.monotonic() - start < 2
+
+
+def test_node_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_RANK", "1")
+    with pytest.raises(PrepareError):
+        prepare_once(
+            ["true"],
+            cache_root=tmp_path,
+            key_parts={},
+            shared_storage=True,
+            wait_timeout_s=0.1,
+            progress=lambda s: None,
+        )
+    # not shared: every node prepares its own
+    result = prepare_once(["true"], cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+    assert not result.cache_hit
+    monkeypatch.setenv("NODE_RANK", "one")
+    with pytest.raises(UsageError, match="NODE_RANK"):
+        prepare_once(["false"], cache_root=tmp_path / "o", key_parts={}, shared_storage=True, progress=lambda s: None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"command": "echo hi"}, "argument list"),
+        ({"command": []}, "non-empty list"),
+        ({"key_parts": {"": "x"}}, "key part name"),
+        ({"key_parts": {"a": [1]}}, "string or number"),
+        ({"wait_timeout_s": 0}, "wait timeout"),
+        ({"command": ["no-such-prepare-program-xyz"]}, "not found"),
+    ],
+)
+def test_bad_input_is_a_usage_error(tmp_path: Path, kwargs: dict, message: str) -> None:
+    args = {"command": ["true"], "cache_root": tmp_path, "key_parts": {}, "progress": lambda s: None}
+    args.update(kwargs)
+    with pytest.raises(UsageError, match=message):
+        prepare_once(**args)
+
+
+def test_unwritable_cache_root_is_a_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UsageError, match="cannot be created"):
+        prepare_once(["true"], cache_root=blocker / "sub", key_parts={}, progress=lambda s: None)
+
+
+def test_waiters_report_progress(tmp_path: Path) -> None:
+    """A second process waiting on the lock says so (and does not spin silently)."""
+    cache, count = tmp_path / "cache", tmp_path / "count"
+    first = _start(tmp_path, cache, count, 0.6)
+    deadline = time.monotonic() + 20
+    while not list(cache.glob(".tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lines: list[str] = []
+    cmd = ["sh", "-c", f'echo run >> {count}; echo partial > "$PODGUARD_PREPARE_DIR/part"; sleep $PREP_SLEEP; '
+           'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"']  # fmt: skip
+    result = prepare_once(
+        cmd,
+        cache_root=cache,
+        key_parts={"model": "tiny", "samples": "100"},
+        progress=lines.append,
+        progress_every_s=0.1,
+    )
+    first.communicate(timeout=30)
+    assert result.cache_hit and result.prepared_by == "another process" and result.waited_s > 0.1
+    assert any("another process is preparing" in line for line in lines)
+    assert _runs(count) == 1
+    assert os.path.exists(result.path / "data.txt")

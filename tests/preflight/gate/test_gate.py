@@ -1,0 +1,78 @@
+"""Health gate rules: each hardware signal -> unhealthy, holders/phantom memory -> busy, warnings stay warnings."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes import h100
+from podguard.gpu.backend import ComputeMode, EccState, GpuProcess, XidEvent
+from podguard.preflight.gate.rules import GateThresholds, ProbeEvidence, Verdict, judge, judge_all
+
+T = GateThresholds()
+LIVE = GpuProcess(pid=1, used_memory=4 << 30, kind="compute")
+
+
+def test_healthy_idle_gpu():
+    v = judge(h100(0), T)
+    assert v.verdict is Verdict.HEALTHY and not v.reasons and not v.warnings
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"lost": True}, "lost"),
+        ({"ecc": EccState(enabled=True, uncorrected_volatile=2)}, "2 uncorrected volatile ECC"),
+        ({"ecc": EccState(enabled=True, remap_pending=True)}, "row remap pending"),
+        ({"ecc": EccState(enabled=True, remap_failure=True)}, "row remapping failed"),
+        ({"ecc": EccState(enabled=True, retired_pages_pending=True)}, "retired pages pending"),
+        ({"recovery_action": "reboot"}, "recovery action: reboot"),
+    ],
+)
+def test_hardware_problems_are_unhealthy(changes, needle):
+    v = judge(h100(3, **changes), T)
+    assert v.verdict is Verdict.UNHEALTHY
+    assert any(needle in r for r in v.reasons)
+
+
+def test_failed_probe_and_hardware_xid_are_unhealthy_application_xid_is_a_warning():
+    assert judge(h100(0), T, probe=ProbeEvidence(False, "probe timed out after 5s")).verdict is Verdict.UNHEALTHY
+    v = judge(h100(2), T, xids=[XidEvent(2, 79, 0.0), XidEvent(1, 48, 0.0)])
+    assert v.verdict is Verdict.UNHEALTHY and any("XID 79" in r for r in v.reasons)
+    assert not any("XID 48" in r for r in v.reasons)  # another GPU's event
+    app = judge(h100(2), T, xids=[XidEvent(2, 13, 0.0)])
+    assert app.verdict is Verdict.HEALTHY and any("XID 13" in w for w in app.warnings)
+
+
+def test_holders_exclusive_mode_and_phantom_memory_are_busy():
+    held = judge(h100(0, processes=(LIVE,), memory_used=4 << 30, compute_mode=ComputeMode.EXCLUSIVE_PROCESS), T)
+    assert held.verdict is Verdict.BUSY
+    assert any("exclusive-process" in r for r in held.reasons)
+    phantom = judge(h100(1, memory_used=2 << 30), T)
+    assert phantom.verdict is Verdict.BUSY and any("phantom" in r for r in phantom.reasons)
+    assert judge(h100(1, memory_used=100 << 20), T).verdict is Verdict.HEALTHY  # under the idle threshold
+
+
+def test_unhealthy_wins_over_busy_and_sets_exit_76():
+    gpus = [h100(0, processes=(LIVE,)), h100(1, lost=True), h100(2)]
+    result = judge_all(gpus, T)
+    assert [v.verdict for v in result.verdicts] == [Verdict.BUSY, Verdict.UNHEALTHY, Verdict.HEALTHY]
+    assert result.exit_code == 76
+    assert judge_all([h100(0, processes=(LIVE,))], T).exit_code == 75
+    assert judge_all([h100(0)], T).exit_code == 0
+
+
+def test_warnings_do_not_fail_unless_asked():
+    warm = h100(
+        0,
+        temperature_c=88,
+        clock_event_names=("hw_slowdown",),
+        pcie_link_width=8,
+        ecc=EccState(enabled=False),
+    )
+    v = judge(warm, T)
+    assert v.verdict is Verdict.HEALTHY
+    text = " ".join(v.warnings)
+    for needle in ("hardware slowdown while idle", "slowdown threshold", "PCIe link x8", "ECC is disabled"):
+        assert needle in text
+    strict = judge(warm, GateThresholds(fail_on_warnings=True))
+    assert strict.verdict is Verdict.UNHEALTHY
