@@ -6,6 +6,7 @@ the previous run did (its outcome, its crash count) instead of blindly doing it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -47,3 +48,24 @@ def subdir(base: Path, name: str) -> Path:
     path = base / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` atomically, owner-only (0600): a temp file in the same folder, fsync, rename.
+
+    The state dir often lives on a volume other pods mount: nothing in it is for other users to read.
+    On failure (ENOSPC, EROFS, ...) the temp file is removed and the OSError propagates: callers that
+    treat the write as best-effort catch it and warn once.
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
