@@ -8,9 +8,14 @@ from pathlib import Path
 
 import typer
 
-from podguard.cli import params as o
-from podguard.errors import ExitCode, PodguardError
-from podguard.preflight.pipeline import run_preflight, validate_options
+from podguard.cli.params import PREFLIGHT, Json, options
+from podguard.errors import ExitCode
+from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
+
+SELECT = ("gpu_list", "nproc_per_node", "expect_gpus", "on_fewer", "require_gpu")
+GATE = ("idle_memory_mib", "probe", "probe_cmd", "probe_timeout_s", "max_temperature_margin_c", "fail_on_warnings")
+CLEANUP = ("dry_run", "gpu_list", "busy_timeout_s", "grace_s", "protect", "kill_patterns", "idle_memory_mib")
+WHERE = ("state_dir", "dev_dir")
 
 
 def register(app: typer.Typer, only: str | None = None) -> None:
@@ -19,22 +24,14 @@ def register(app: typer.Typer, only: str | None = None) -> None:
             app.command(name)(func)
 
 
-def gpus(
-    gpu_list: o.GpuList = None,
-    nproc_per_node: o.NprocPerNode = None,
-    expect_gpus: o.ExpectGpus = None,
-    on_fewer: o.OnFewer = "fail",
-    require_gpu: o.RequireGpu = False,
-    as_json: o.Json = False,
-) -> None:
+@options(PREFLIGHT, SELECT, into="opts", command="gpus")
+def gpus(opts: PreflightOptions, as_json: Json = False) -> None:
     """The GPU inventory and the selection this node would use (GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE)."""
     from podguard.preflight.inventory import inventory_payload, render_inventory
 
-    opts = o.options_from("gpus", locals())
     payload = inventory_payload(opts)
     if as_json:
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        print()
+        _dump(payload)
     else:
         print(render_inventory(payload))
     if payload.get("error"):
@@ -42,62 +39,39 @@ def gpus(
         raise typer.Exit(payload["error"]["exit_code"])
 
 
-def health(
-    gpu_list: o.GpuList = None,
-    nproc_per_node: o.NprocPerNode = None,
-    expect_gpus: o.ExpectGpus = None,
-    on_fewer: o.OnFewer = "fail",
-    require_gpu: o.RequireGpu = False,
-    idle_memory_mib: o.IdleMemory = "512",
-    probe: o.Probe = "auto",
-    probe_cmd: o.ProbeCmd = None,
-    probe_timeout: o.ProbeTimeout = "60",
-    temperature_margin: o.TempMargin = "0",
-    fail_on_warnings: o.FailOnWarnings = False,
-    state_dir: o.StateDir = None,
-    as_json: o.Json = False,
-) -> None:
+@options(PREFLIGHT, (*SELECT, *GATE, "state_dir"), into="opts", command="health")
+def health(opts: PreflightOptions, as_json: Json = False) -> None:
     """The health gate alone (no cleanup). Exit code: 0 healthy, 69 missing, 75 busy, 76 unhealthy."""
-    opts = o.options_from("health", locals())
+    from podguard.preflight.pipeline import run_preflight
+
     _finish(run_preflight(opts), as_json)
 
 
-def cleanup(
-    dry_run: bool = typer.Option(False, "--dry-run", envvar="PODGUARD_DRY_RUN", help="Report, kill nothing."),
-    gpu_list: o.GpuList = None,
-    busy_timeout: o.BusyTimeout = "60",
-    grace: o.Grace = "7",
-    protect: o.Protect = None,
-    kill_pattern: o.KillPattern = None,
-    idle_memory_mib: o.IdleMemory = "512",
-    state_dir: o.StateDir = None,
-    dev_dir: o.DevDir = Path("/dev"),
-    as_json: o.Json = False,
-) -> None:
+@options(PREFLIGHT, (*CLEANUP, *WHERE), into="opts", command="cleanup", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
+def cleanup(opts: PreflightOptions, as_json: Json = False) -> None:
     """Find and stop what holds the GPUs (job trees, launcher first), then wait for their memory to come back."""
-    opts = o.options_from("cleanup", locals(), probe="off", on_fewer="continue")
+    from podguard.preflight.pipeline import run_preflight
+
     _finish(run_preflight(opts), as_json)
 
 
-def doctor(
-    state_dir: o.StateDir = None,
-    dev_dir: o.DevDir = Path("/dev"),
-    as_json: o.Json = False,
-) -> None:
+@options(PREFLIGHT, WHERE, into="opts", command="doctor", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
+def doctor(opts: PreflightOptions, as_json: Json = False) -> None:
     """Everything a person needs when something is wrong: driver, GPUs, holders, health, env, recommendations."""
     from podguard.preflight.doctor import collect, render
+    from podguard.preflight.options import validate_options
 
-    opts = o.build_options("doctor", state_dir=state_dir, dev_dir=dev_dir, probe="off", on_fewer="continue")
-    try:
-        validate_options(opts)
-    except PodguardError as exc:
-        raise PodguardError(exc.message, exc.code) from None
+    validate_options(opts)
     data = collect(opts)
     if as_json:
-        json.dump(data, sys.stdout, indent=2, default=str)
-        print()
+        _dump(data)
     else:
         print(render(data))
+
+
+def _dump(data: object) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    print()
 
 
 def _finish(result, as_json: bool) -> None:  # type: ignore[no-untyped-def]
@@ -109,8 +83,7 @@ def _finish(result, as_json: bool) -> None:  # type: ignore[no-untyped-def]
         }
         if result.report_path:
             payload["report"] = json.loads(Path(result.report_path).read_text())
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        print()
+        _dump(payload)
     if result.exit_code != ExitCode.OK:
         raise typer.Exit(result.exit_code)
 

@@ -18,7 +18,7 @@ from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.preflight.gate.rules import GateThresholds, judge_all
-from podguard.preflight.pipeline import PreflightOptions
+from podguard.preflight.options import PreflightOptions
 from podguard.report import na
 from podguard.state import state_dir
 from podguard.units import GIB, MIB

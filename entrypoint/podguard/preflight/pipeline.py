@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
-import shutil
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable, XidEvent
 from podguard.gpu.factory import open_backend
 from podguard.preflight.gate.rules import (
@@ -31,47 +29,13 @@ from podguard.preflight.gate.rules import (
     busy_reasons,
     judge_all,
 )
+from podguard.preflight.options import PreflightOptions, validate_options
 from podguard.preflight.selection import Selection, select_gpus
 from podguard.report import Timings, format_summary, write_report
 from podguard.state import state_dir
 
 if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
     from podguard.preflight.leases import GpuLease
-
-
-@dataclass(frozen=True)
-class PreflightOptions:
-    # selection
-    gpu_list: str | None = None  # GPU_LIST: indices or UUIDs
-    cuda_visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as the user set it
-    nproc_per_node: str | None = None  # NPROC_PER_NODE: override and cap (raw, validated here)
-    expect_gpus: str | None = None  # --expect-gpus / RUNPOD_GPU_COUNT (raw, validated here)
-    on_fewer: str = "fail"  # "fail" (exit 69) or "continue" (loudly) when fewer GPUs than expected
-    require_gpu: bool = False  # no GPU at all -> 69 instead of CPU fallback
-    # cleanup
-    cleanup: bool = True
-    dry_run: bool = False
-    busy_timeout_s: float = 60.0
-    grace_s: float = 10.0
-    protect: tuple[str, ...] = ()  # extra protected process names (added to the built-in list)
-    kill_patterns: tuple[str, ...] = ()  # names that widen the search to job trees of real holders
-    idle_memory_mib: int = 512  # memory used (NVML v2) at or below this with no process = idle
-    # health gate
-    probe: str = "auto"  # "cuda", "off", or "auto" (cuda where torch+CUDA are available)
-    probe_cmd: str | None = None
-    probe_timeout_s: float = 60.0
-    xid_window_s: float = 0.0  # extra time to watch XID events when no probe runs
-    max_temperature_margin_c: int = 0  # warn when temperature >= slowdown - margin
-    fail_on_warnings: bool = False
-    # where
-    state_dir: Path | None = None
-    dev_dir: Path = Path("/dev")
-    command: str = "preflight"  # which podguard command ran it, recorded in the report
-    # leases: concurrent runs on one host get disjoint GPUs (train/run lease; cleanup skips leased GPUs)
-    lease: bool = False
-    wait_for_gpus: bool = False
-    lease_dir: Path | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,7 +52,6 @@ class PreflightResult:
 # Orchestration
 # --------------------------------------------------------------------------------------------------
 
-PROBE_CHOICES = ("auto", "cuda", "off")
 COMMANDS_WITH_CLEANUP = ("train", "run", "cleanup", "preflight")
 
 
@@ -103,35 +66,6 @@ def select_for(opts: PreflightOptions, inventory: list[GpuSnapshot]) -> Selectio
         on_fewer=opts.on_fewer,
         require_gpu=opts.require_gpu,
     )
-
-
-def validate_options(opts: PreflightOptions) -> None:
-    """Reject bad configuration before anything is done (no half-done actions)."""
-    if opts.probe not in PROBE_CHOICES:
-        raise UsageError(f"PODGUARD_PROBE={opts.probe!r} is not valid; choose one of: {', '.join(PROBE_CHOICES)}")
-    for name, value in (
-        ("busy-timeout", opts.busy_timeout_s),
-        ("grace", opts.grace_s),
-        ("probe-timeout", opts.probe_timeout_s),
-        ("xid-window", opts.xid_window_s),
-    ):
-        if not (0 <= value < float("inf")):
-            raise UsageError(f"--{name}={value:g} is not valid; expected a finite number of seconds >= 0")
-    if opts.probe_timeout_s == 0 and opts.probe != "off":
-        raise UsageError("--probe-timeout=0 is not valid with a probe; expected seconds > 0 (or PODGUARD_PROBE=off)")
-    if opts.idle_memory_mib < 0:
-        raise UsageError(f"--idle-memory-mib={opts.idle_memory_mib} is not valid; expected an integer >= 0")
-    if opts.probe_cmd is not None:
-        try:
-            argv = shlex.split(opts.probe_cmd)
-        except ValueError as exc:
-            raise UsageError(f"PODGUARD_PROBE_CMD={opts.probe_cmd!r} cannot be parsed: {exc}") from None
-        if not argv:
-            raise UsageError("PODGUARD_PROBE_CMD is empty; give a program to run per GPU (exit 0 = healthy)")
-        if shutil.which(argv[0]) is None:
-            raise UsageError(f"PODGUARD_PROBE_CMD={opts.probe_cmd!r}: program {argv[0]!r} not found on PATH")
-    if not opts.dev_dir.is_dir():
-        raise UsageError(f"PODGUARD_DEV_DIR={str(opts.dev_dir)!r} is not a directory; expected e.g. /dev")
 
 
 def _recommendations(exit_code: int, gate: GateResult | None, nvml_failure: str | None) -> list[str]:
