@@ -1,0 +1,45 @@
+"""The house rules that keep the package navigable: names that never shadow the SDKs, one options table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podguard.cli.params import LAUNCH, PREFLIGHT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_repo_root_folders_never_shadow_the_sdks() -> None:
+    """`docker/` and `runpod/` at the repo root are data folders: from the repo root, the SDKs load."""
+    code = (
+        "import runpod, docker, sys; "
+        "bad = [m.__name__ for m in (runpod, docker) if 'site-packages' not in (getattr(m, '__file__', None) or '')]; "
+        "print(*bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr or proc.stdout
+
+
+def test_nothing_is_named_runpod_or_docker_where_python_could_import_it() -> None:
+    for folder in ("runpod", "docker"):
+        assert not (ROOT / folder / "__init__.py").exists(), f"{folder}/ must stay a data folder"
+    offenders = [
+        str(p.relative_to(ROOT))
+        for base in (ROOT / "entrypoint", ROOT / "tests", ROOT / "bench")
+        for p in base.rglob("*")
+        if p.stem in ("runpod", "docker") and "__pycache__" not in p.parts
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("group", [PREFLIGHT, LAUNCH], ids=["preflight", "launch"])
+def test_every_option_has_a_default_in_its_record_and_a_podguard_variable(group) -> None:
+    fields = set(group.record.__dataclass_fields__)
+    for name, param in group.params.items():
+        assert name in fields, f"{name} has no field in {group.record.__name__}"
+        envvars = param.envvar or (f"PODGUARD_{name.upper()}",)
+        assert any(v.startswith("PODGUARD_") for v in envvars), name
