@@ -42,22 +42,49 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
 
-## the container image (tini as PID 1, podguard as the entrypoint). The wheelhouse is built on the host
-## first (docker/build-wheelhouse.sh), so the build needs no package index. For a real CUDA image:
-##   make image TORCH_SPEC=torch IMAGE_PYTHON=3.12            (default base: CUDA on Ubuntu 24.04, Python 3.12)
-## Offline, on the local Debian base the tests build (tests/image/support/build-base-image.sh):
-##   make image BASE_IMAGE=podguard-test-base:bookworm       (Python 3.11, no openssh-server: no apt needed)
+## the container image (tini as PID 1, podguard as the entrypoint), built by `podguard image build` through
+## the Docker SDK: the wheelhouse on the host first (docker/build-wheelhouse.sh), so the build itself needs
+## no package index. Default base: the Dockerfile's CUDA `-base` image (torch's wheels bring the CUDA libraries).
+##   make image                                              (CUDA base; TORCH_SPEC resolves the CUDA wheels there)
+##   make image BASE_IMAGE=podguard-test-base:bookworm IMAGE=podguard-test:latest      (the tests' offline Debian base)
 IMAGE ?= podguard:latest
-BASE_IMAGE ?= nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
-IMAGE_PYTHON ?= $(if $(findstring bookworm,$(BASE_IMAGE)),3.11,3.12)
-EXTRA_APT_PACKAGES ?= $(if $(findstring podguard-test-base,$(BASE_IMAGE)),,openssh-server)
+BASE_IMAGE ?=
 
-.PHONY: image image-smoke
+.PHONY: image image-smoke image-test
 
 image: $(STAMP)
-	PIP="$(BIN)/python -m pip" TORCH_SPEC="$(TORCH_SPEC)" IMAGE_PYTHON="$(IMAGE_PYTHON)" docker/build-wheelhouse.sh
-	docker build --build-arg BASE_IMAGE="$(BASE_IMAGE)" --build-arg EXTRA_APT_PACKAGES="$(EXTRA_APT_PACKAGES)" -t $(IMAGE) .
+	$(BIN)/podguard image build --tag "$(IMAGE)" --torch "$(TORCH_SPEC)" $(if $(BASE_IMAGE),--base "$(BASE_IMAGE)")
 
-## quick checks of a built image: --version, doctor, the demo job on CPU, SIGTERM forwarding / reaping
+## quick checks of a built image, timed: --version, doctor --json, the demo job, docker stop -> exit 143
 image-smoke: $(STAMP)
-	PODGUARD_TEST_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -m docker tests/test_image.py -k smoke
+	$(BIN)/podguard image smoke "$(IMAGE)"
+
+## the image test suite on the real engine (builds the local base and podguard-test:latest, cached)
+image-test: $(STAMP)
+	$(BIN)/python -m pytest -q -m docker tests/image
+
+## RunPod pods from a laptop (REST v2; RUNPOD_API_KEY or ~/.runpod/config.toml). SPEC picks the spec file:
+##   make pod-up SPEC=runpod/pod.toml     (idempotent by name; waits until the pod's preflight passed)
+SPEC ?= runpod/pod.toml
+POD ?= $(shell sed -n 's/^name *= *"\(.*\)".*/\1/p' "$(SPEC)" | head -n 1)
+
+.PHONY: pod-up pod-down pod-status pod-logs pod-heal pod-test
+
+pod-up: $(STAMP)
+	$(BIN)/podguard pod up --spec "$(SPEC)"
+
+pod-down: $(STAMP)
+	$(BIN)/podguard pod down "$(POD)"
+
+pod-status: $(STAMP)
+	$(BIN)/podguard pod status "$(POD)"
+
+pod-logs: $(STAMP)
+	$(BIN)/podguard pod logs "$(POD)" --follow
+
+pod-heal: $(STAMP)
+	$(BIN)/podguard pod heal "$(POD)"
+
+## the pod tests: the real runpod SDK and podguard's REST client against the suite's stand-in API
+pod-test: $(STAMP)
+	$(BIN)/python -m pytest -q tests/pods

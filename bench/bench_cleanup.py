@@ -5,7 +5,9 @@ keep a dead process's memory counted for `release_delay_ms` (the driver's releas
 detection latency alone and latency with a simulated 200 ms release are measured. The seeds' script waits
 a fixed `sleep 3; sleep 1; sleep 2` = 6 s whatever happens.
 
-Also times a whole `podguard cleanup` that stops a real holder (SIGTERM honoured), as a user runs it.
+Also times a whole `podguard cleanup` that stops a real holder (SIGTERM honoured), as a user runs it; that
+includes the quiet period (0.5 s) in which a stopped job's parent must not start a holder again before the
+cleanup may report success (docs/cleanup.md, "Respawns and the quiet period").
 
 Run: `python bench/bench_cleanup.py [--repeats N]`
 """
@@ -77,7 +79,7 @@ def main() -> int:
             label = f"holder death -> GPU idle (driver release {release} ms)"
             print(f"{label:<58} {statistics.median(s) * 1000:>7.1f}ms {max(s) * 1000:>7.1f}ms")
         s = whole_cleanup(node, max(3, args.repeats // 2))
-        label = "`podguard cleanup` stopping a real holder (whole process)"
+        label = "`podguard cleanup` stopping a real holder (whole, 0.5 s quiet)"
         print(f"{label:<58} {statistics.median(s) * 1000:>7.1f}ms {max(s) * 1000:>7.1f}ms")
         print(f"{'seed script fixed sleeps (sleep 3; sleep 1; sleep 2)':<58} {SEED_FIXED_SLEEPS_S * 1000:>7.1f}ms")
         print(f"ratio: seed fixed sleeps / podguard cleanup = {SEED_FIXED_SLEEPS_S / statistics.median(s):.0f}x")

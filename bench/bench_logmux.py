@@ -63,7 +63,7 @@ while pos < len(data):  # partial writes: chunk ends fall anywhere inside lines
 PODGUARD_DRIVER = r"""
 import sys
 from podguard.launch.modes import per_gpu_specs
-from podguard.launch.supervisor import run_job
+from podguard.launch.run import run_job
 from podguard.preflight.selection import Selection
 workers, worker, data_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cpu = Selection(gpus=(), source="none", inventory_count=0)

@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHES = ["bench_preflight.py", "bench_cleanup.py", "bench_launch_overhead.py", "bench_logmux.py"]
+BENCHES = [
+    "bench_preflight.py",
+    "bench_cleanup.py",
+    "bench_launch_overhead.py",
+    "bench_logmux.py",
+    "bench_pods.py",
+    "bench_image.py",
+]
 
 
 def main() -> int:

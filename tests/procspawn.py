@@ -15,13 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from podguard.preflight.cleanup.procfs import (
-    ProcessTable,
-    ProcInfo,
-    find_device_files,
-    read_stat,
-    scan_processes,
-)
+from podguard.preflight.cleanup.devices import find_device_files
+from podguard.preflight.cleanup.procfs import ProcessTable, ProcInfo, read_stat, scan_processes
 
 PY = sys.executable
 DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3")
@@ -260,8 +255,3 @@ def synthetic(
 
 def synthetic_table(procs: Sequence[ProcInfo], dev_dir: str = "/dev") -> ProcessTable:
     return ProcessTable({p.pid: p for p in procs}, find_device_files(dev_dir), 0.0, time.monotonic())
-
-
-# ------------------------------------------------------------------------------------------------
-# Tests
-# ------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from podguard.cli.params import LAUNCH, PREFLIGHT
+from podguard.cli.options import LAUNCH, PREFLIGHT
 
 ROOT = Path(__file__).resolve().parents[1]
 

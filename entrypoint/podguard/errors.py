@@ -1,4 +1,4 @@
-"""Exit codes and the one exception type that carries them to the command line.
+"""Exit codes, the one exception type that carries them to the command line, and signal conventions.
 
 Every user-facing failure is a `PodguardError` with a one-line message and a documented exit code
 (see PRODUCT.md); the CLI prints the message and exits with the code, never a traceback.
@@ -11,10 +11,16 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
+    FAILURE = 1  # a generic failure: a service that exited 0 before the job was done, torchrun's own 1
     USAGE = 64  # bad input or configuration
+    NO_SUCH_POD = 66  # pod commands: no pod with that name or id
     GPUS_MISSING = 69  # the GPUs that were required are not there
     GPUS_BUSY = 75  # still busy when the wait deadline passed (a retry may succeed)
     GPU_UNHEALTHY = 76  # hardware or driver problem: needs a pod restart or another machine
+    API_ACCESS = 77  # pod commands: API key missing or rejected, or the account may not do this (402/403)
+    READY_TIMEOUT = 124  # roles: a role was not ready in time (coreutils `timeout`'s code)
+    CANNOT_EXECUTE = 126  # the shell's code for "found but cannot be executed"
+    NOT_FOUND = 127  # the shell's code for "command not found"
     SIGNAL_BASE = 128  # 128+N: ended by signal N
 
 
@@ -32,6 +38,11 @@ class UsageError(PodguardError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, ExitCode.USAGE)
+
+
+# Between SIGTERM and SIGKILL whenever podguard stops processes (cleanup, fail-fast, shutdown): it fits inside
+# Docker's default 10 s stop timeout with room for podguard's own exit (docs/supervisor.md).
+DEFAULT_GRACE_S = 7.0
 
 
 def signal_exit_code(signum: int) -> int:

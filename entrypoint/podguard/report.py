@@ -1,8 +1,11 @@
 """The preflight report: a JSON record in the state dir and a short summary a person reads at a glance.
 
-The JSON file is the durable record (what was checked, each GPU's verdict, timings, what was killed and
-why); `latest.json` next to it always points at the newest so `podguard doctor` and a restarted
-container can find it.
+    path = write_report(state_dir(), "train", payload)   # None (plus one warning) on a full volume
+    print(format_summary(payload))                      # "podguard train: PASS on 8 GPU(s) in 21 ms" ...
+
+Reports are owner-only, written atomically (podguard.state.write_private), secrets masked
+(podguard.redact); `latest.json` always names the newest, so `podguard doctor` and a restarted
+container can find it. The first summary line's format is a contract (PRODUCT.md): keep it stable.
 """
 
 from __future__ import annotations
@@ -10,12 +13,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podguard.state import subdir
+from podguard.errors import ExitCode
+from podguard.redact import redact_text
+from podguard.state import subdir, write_private
+
+__all__ = ["KEEP_REPORTS", "Timings", "format_summary", "na", "redact_data", "verdict_word", "write_report"]
+
+KEEP_REPORTS = 200  # a container HEALTHCHECK runs `podguard health` every minute: keep the folder bounded
+
+# Cheap test before the regexes: text that could hold a secret mentions one of these.
+_SECRET_HINT = re.compile(
+    r"token|key|secret|pass|pwd|auth|cred|cookie|session|bearer|basic|hf_|sk-|gh[pousr]_|github_pat|xox|akia|rpa_"
+    r"|glpat|://",
+    re.IGNORECASE,
+)
 
 
 @dataclass
@@ -34,21 +51,39 @@ class Timings:
         return round((time.perf_counter() - self.started) * 1000, 3)
 
 
-def write_report(state: Path, command: str, payload: dict[str, Any]) -> Path:
-    """Write the report atomically (temp file + rename) and update latest.json the same way."""
-    reports = subdir(state, "reports")
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    path = reports / f"{stamp}-{os.getpid()}-{command}.json"
-    data = json.dumps(payload, indent=2, sort_keys=False, default=str)
-    for target in (path, reports / "latest.json"):
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(data)
-        os.replace(tmp, target)
+def verdict_word(exit_code: int) -> str:
+    """The summary line's verdict (PRODUCT.md): PASS, BUSY, UNHEALTHY or FAIL."""
+    return {ExitCode.OK: "PASS", ExitCode.GPUS_BUSY: "BUSY", ExitCode.GPU_UNHEALTHY: "UNHEALTHY"}.get(exit_code, "FAIL")
+
+
+def redact_data(value: Any) -> Any:
+    """A copy of JSON-ready data with every string passed through `podguard.redact.redact_text`."""
+    if isinstance(value, str):
+        return redact_text(value) if _SECRET_HINT.search(value) else value
+    if isinstance(value, dict):
+        return {k: redact_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_data(v) for v in value]
+    return value
+
+
+def write_report(state: Path, command: str, payload: dict[str, Any]) -> Path | None:
+    """Write the report and latest.json, owner-only and atomic, secrets masked. Best effort: on a full or
+    read-only volume nothing half-written is left and one warning is added to `payload["warnings"]`."""
+    data = json.dumps(redact_data(payload), indent=2, sort_keys=False, default=str)
+    try:
+        reports = subdir(state, "reports")
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        path = reports / f"{stamp}-{os.getpid()}-{command}.json"
+        write_private(path, data)
+        write_private(reports / "latest.json", data)
+    except OSError as exc:
+        payload.setdefault("warnings", []).append(
+            f"could not write the report ({exc.strerror or exc}): the verdict stands, only its record is missing"
+        )
+        return None
     _prune(reports)
     return path
-
-
-KEEP_REPORTS = 200  # a container HEALTHCHECK runs `podguard health` every minute: keep the folder bounded
 
 
 def _prune(reports: Path) -> None:
@@ -73,21 +108,8 @@ def _held(memory_mib: dict[str, float | None] | None) -> str:
     return f", holding {sum(known):.0f} MiB" if known else ""
 
 
-def format_summary(payload: dict[str, Any]) -> str:
-    """A few lines: the verdict, one line per GPU that is not plainly healthy, kills, warnings, where to look."""
-    lines: list[str] = []
-    verdict = payload.get("verdict", "?")
-    selection = payload.get("selection") or {}
-    gpus = selection.get("gpus") or []
-    total_ms = payload.get("timings_ms", {}).get("total")
-    where = f"{len(gpus)} GPU(s)" if gpus else ("CPU only" if selection else "this node")
-    head = f"podguard {payload.get('command', 'preflight')}: {verdict.upper()} on {where}"
-    if total_ms is not None:
-        head += f" in {total_ms:.0f} ms"
-    lines.append(head)
-    for warning in payload.get("warnings", []):
-        lines.append(f"  ! {warning}")
-    cleanup = payload.get("cleanup") or {}
+def _cleanup_lines(cleanup: dict[str, Any]) -> list[str]:
+    lines = []
     if cleanup.get("dry_run"):
         for target in cleanup.get("planned", []):
             lines.append(
@@ -102,15 +124,29 @@ def format_summary(payload: dict[str, Any]) -> str:
         )
     for item in cleanup.get("unkillable", []):
         lines.append(f"  UNKILLABLE pid {item.get('pid')}: {item.get('reason', 'stuck in uninterruptible sleep')}")
+    return lines
+
+
+def format_summary(payload: dict[str, Any]) -> str:
+    """A few lines: the verdict, one line per GPU that is not plainly healthy, kills, warnings, what to do."""
+    payload = redact_data(payload)
+    selection = payload.get("selection") or {}
+    gpus = selection.get("gpus") or []
+    total_ms = payload.get("timings_ms", {}).get("total")
+    where = f"{len(gpus)} GPU(s)" if gpus else ("CPU only" if selection else "this node")
+    head = f"podguard {payload.get('command', 'preflight')}: {verdict_word(payload.get('exit_code', 1))} on {where}"
+    if total_ms is not None:
+        head += f" in {total_ms:.0f} ms"
+    lines = [head]
+    lines += [f"  ! {w}" for w in payload.get("warnings", [])]
+    lines += _cleanup_lines(payload.get("cleanup") or {})
     for gpu in payload.get("gate", {}).get("verdicts", []):
         if gpu["verdict"] != "healthy":
-            lines.append(f"  GPU{gpu['index']} {gpu['verdict'].upper()}: {'; '.join(gpu['reasons'])}")
-        for warning in gpu.get("warnings", []):
-            lines.append(f"  GPU{gpu['index']} warning: {warning}")
+            lines.append(f"  GPU{gpu['index']} {gpu['verdict'].upper().replace('_', ' ')}: {'; '.join(gpu['reasons'])}")
+        lines += [f"  GPU{gpu['index']} warning: {w}" for w in gpu.get("warnings", [])]
     if payload.get("message"):
         lines.append(f"  {payload['message']}")
-    for rec in payload.get("recommendations", []):
-        lines.append(f"  -> {rec}")
+    lines += [f"  -> {rec}" for rec in payload.get("recommendations", [])]
     if payload.get("report_path"):
         lines.append(f"  report: {payload['report_path']}")
     return "\n".join(lines)

@@ -276,6 +276,7 @@ BAD_INPUT = [
     (["train", "--cpu-workers", "0", "--", "true"], {}, "--cpu-workers=0"),
     (["train", "--job-file", "/no/such.toml"], {}, "--job-file='/no/such.toml'"),
     (["train", "--max-restarts", "-1", "--", "true"], {}, "--max-restarts=-1"),
+    (["train", "--rdzv-backend", "etcd", "--", "true"], {}, "--rdzv-backend='etcd'"),
     (["health", "--probe", "sometimes"], {}, "PODGUARD_PROBE='sometimes'"),
     (["gpus", "--nproc-per-node", "0"], {}, "NPROC_PER_NODE=0"),
     (["sweep", "--gpus-per-run", "x", "--", "true"], {}, "'x'"),

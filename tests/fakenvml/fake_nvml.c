@@ -16,6 +16,12 @@
  * entry counts only while its PID is alive (not a zombie, same start time), so memory comes back when the
  * holder dies, like the driver. `release_delay_ms` keeps a dead holder's memory counted a little longer.
  *
+ * MIG: a process may run on one MIG slot of a GPU (`mig=<slot>` in the registry, a 5th field of `proc=`).
+ * A MIG device handle lists only its slot's processes and reports its slot's memory; the parent handle
+ * lists every slot's processes. `gpu.<i>.fail=mig.<field>,<ERROR>` fails a query on the GPU's MIG handles
+ * only, `fail=<field>,...` on the parent only (an unprivileged container's view: the parent answers
+ * NO_PERMISSION, its MIG devices answer).
+ *
  * Extra (non-NVML) symbols for tests: fakeNvmlInitCount(), fakeNvmlCallCount(), fakeNvmlResetCallCount().
  * Compile with -DFAKE_OLD_DRIVER to leave out symbols an old driver lacks (tests FunctionNotFound).
  */
@@ -56,6 +62,7 @@
 typedef struct {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     unsigned int gi, ci;
+    unsigned long long mem_total; /* 0: the GPU's total divided by its MIG devices */
 } mig_t;
 
 typedef struct {
@@ -91,6 +98,7 @@ typedef struct {
     unsigned int pid, gpu;
     unsigned long long mem;
     int graphics;
+    int mig; /* MIG slot it runs on; -1: none */
 } sproc_t;
 
 typedef struct {
@@ -117,6 +125,7 @@ typedef struct {
     unsigned int pid, gpu;
     unsigned long long mem, start;
     int graphics;
+    int mig; /* MIG slot; -1: none */
     int n_also;
     unsigned int also[MAX_ALSO];
 } rproc_t;
@@ -281,7 +290,7 @@ static void set_gpu_key(gpu_t *g, const char *k, const char *v) {
     else if (!strcmp(k, "mig")) g->mig_current = (unsigned int)num(v);
     else if (!strcmp(k, "mig_pending")) g->mig_pending = (unsigned int)num(v);
     else if (!strcmp(k, "mig_device")) {
-        /* MIG-<uuid>,<gpu instance id>,<compute instance id> */
+        /* MIG-<uuid>,<gpu instance id>,<compute instance id>[,<memory total MiB>] */
         if (g->n_mig >= MAX_MIG) return;
         mig_t *m = &g->mig[g->n_mig];
         char buf[256];
@@ -292,6 +301,8 @@ static void set_gpu_key(gpu_t *g, const char *k, const char *v) {
         m->gi = tok ? (unsigned int)num(tok) : 0;
         tok = strtok_r(NULL, ",", &save);
         m->ci = tok ? (unsigned int)num(tok) : 0;
+        tok = strtok_r(NULL, ",", &save);
+        m->mem_total = tok ? num(tok) * MIB : 0;
         g->n_mig++;
     } else if (!strcmp(k, "ecc")) g->ecc_current = g->ecc_pending = (unsigned int)num(v);
     else if (!strcmp(k, "ecc_pending")) g->ecc_pending = (unsigned int)num(v);
@@ -350,15 +361,17 @@ static void parse_line(scenario_t *sc, char *line) {
     else if (!strcmp(k, "release_delay_ms")) sc->release_delay_ms = (unsigned int)num(v);
     else if (!strcmp(k, "procs_dir")) copy_str(sc->procs_dir, sizeof sc->procs_dir, v);
     else if (!strcmp(k, "proc")) {
-        /* <pid>,<gpu>,<mem_mib>[,compute|graphics] */
+        /* <pid>,<gpu>,<mem_mib>[,compute|graphics[,<mig slot>]] */
         if (sc->n_sproc >= MAX_STATIC_PROCS) return;
         sproc_t *p = &sc->sproc[sc->n_sproc];
         char kind[32] = "compute";
         unsigned long long mem = 0;
-        int n = sscanf(v, "%u , %u , %llu , %31s", &p->pid, &p->gpu, &mem, kind);
+        int mig = -1;
+        int n = sscanf(v, "%u , %u , %llu , %31[a-z] , %d", &p->pid, &p->gpu, &mem, kind, &mig);
         if (n < 3) return;
         p->mem = mem * MIB;
         p->graphics = strcmp(kind, "graphics") == 0;
+        p->mig = mig;
         sc->n_sproc++;
     } else if (!strcmp(k, "xid")) {
         /* <gpu>,<xid>[,<after_ms>] */
@@ -454,7 +467,7 @@ static void procs_dir_path(char *out, size_t n) {
 }
 
 /* One registry file: one line per GPU context:
- *   gpu=<index> mem_mib=<n> [kind=compute|graphics] [start=<starttime>] [also=<pid>,<pid>]  */
+ *   gpu=<index> mem_mib=<n> [kind=compute|graphics] [mig=<slot>] [start=<starttime>] [also=<pid>,<pid>]  */
 static int read_registry(rproc_t *out, int max) {
     char dir[1024];
     procs_dir_path(dir, sizeof dir);
@@ -476,6 +489,7 @@ static int read_registry(rproc_t *out, int max) {
         while (fgets(line, sizeof line, f) && n < max) {
             rproc_t r;
             memset(&r, 0, sizeof r);
+            r.mig = -1;
             r.pid = (unsigned int)strtoul(nm, NULL, 10);
             int have_gpu = 0;
             char *save = NULL;
@@ -489,6 +503,7 @@ static int read_registry(rproc_t *out, int max) {
                     have_gpu = 1;
                 } else if (!strcmp(k, "mem_mib")) r.mem = num(v) * MIB;
                 else if (!strcmp(k, "kind")) r.graphics = strcmp(v, "graphics") == 0;
+                else if (!strcmp(k, "mig")) r.mig = (int)num(v);
                 else if (!strcmp(k, "start")) r.start = num(v);
                 else if (!strcmp(k, "also")) {
                     char buf[256];
@@ -518,25 +533,27 @@ typedef struct {
     unsigned int pid;
     unsigned long long mem;
     int graphics;
+    int mig;
 } listed_t;
 
-/* The device's view of processes: what is listed, and how much memory holders use in total. */
-static int gather(int gpu, listed_t *list, int max, unsigned long long *mem_sum) {
+/* The device's view of processes: what is listed, and how much memory holders use in total. `mig` < 0 is
+ * the whole GPU (every MIG device's processes, as a privileged parent query answers); else one MIG slot. */
+static int gather(int gpu, int mig, listed_t *list, int max, unsigned long long *mem_sum) {
     static rproc_t reg[MAX_REG_PROCS];
     int n = 0;
     unsigned long long sum = 0;
     for (int i = 0; i < g_sc.n_sproc; i++) {
         const sproc_t *p = &g_sc.sproc[i];
-        if ((int)p->gpu != gpu) continue;
+        if ((int)p->gpu != gpu || (mig >= 0 && p->mig != mig)) continue;
         sum += p->mem;
-        if (list && n < max) list[n] = (listed_t){p->pid, p->mem, p->graphics};
+        if (list && n < max) list[n] = (listed_t){p->pid, p->mem, p->graphics, p->mig};
         n++;
     }
     int nr = read_registry(reg, MAX_REG_PROCS);
     double now = now_mono();
     for (int i = 0; i < nr; i++) {
         const rproc_t *r = &reg[i];
-        if ((int)r->gpu != gpu) continue;
+        if ((int)r->gpu != gpu || (mig >= 0 && r->mig != mig)) continue;
         int owner = pid_alive(r->pid, r->start);
         int held = owner;
         for (int j = 0; !held && j < r->n_also; j++) held = pid_alive(r->also[j], 0);
@@ -544,7 +561,7 @@ static int gather(int gpu, listed_t *list, int max, unsigned long long *mem_sum)
             held = dead_for(r->pid, r->start, now) * 1000.0 < (double)g_sc.release_delay_ms;
         if (held) sum += r->mem;
         if (owner) {
-            if (list && n < max) list[n] = (listed_t){r->pid, r->mem, r->graphics};
+            if (list && n < max) list[n] = (listed_t){r->pid, r->mem, r->graphics, r->mig};
             n++;
         }
     }
@@ -555,7 +572,7 @@ static int gather(int gpu, listed_t *list, int max, unsigned long long *mem_sum)
 static unsigned long long used_bytes(int gpu) {
     const gpu_t *g = &g_sc.gpu[gpu];
     unsigned long long procs = 0;
-    gather(gpu, NULL, 0, &procs);
+    gather(gpu, -1, NULL, 0, &procs);
     unsigned long long used = g->mem_used + g->phantom + procs;
     unsigned long long cap = g->mem_total > g->mem_reserved ? g->mem_total - g->mem_reserved : 0;
     return used > cap ? cap : used;
@@ -599,8 +616,11 @@ static nvmlReturn_t device_check(nvmlDevice_t dev, const char *field, int allow_
     if (mig >= 0 && !allow_mig) return NVML_ERROR_NOT_SUPPORTED;
     gpu_t *g = &g_sc.gpu[idx];
     if (g->lost && !survives_loss(field)) return NVML_ERROR_GPU_IS_LOST;
+    /* a MIG handle answers the "mig.<field>" switches; the parent answers the plain ones */
+    char key[48];
+    snprintf(key, sizeof key, "%s%s", mig >= 0 ? "mig." : "", field);
     for (int i = 0; i < g->n_fail; i++)
-        if (!strcmp(g->fail[i].field, field)) return g->fail[i].err;
+        if (!strcmp(g->fail[i].field, key)) return g->fail[i].err;
     if (out) *out = g;
     return NVML_SUCCESS;
 }
@@ -883,10 +903,28 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNu
 /* Memory, utilisation, processes                                                                     */
 /* ------------------------------------------------------------------------------------------------ */
 
+/* A MIG device's memory: its own total, what its processes use, nothing reserved. 0 when not a MIG handle. */
+static int mig_memory(nvmlDevice_t device, const gpu_t *g, unsigned long long *total, unsigned long long *used) {
+    if (device->mig < 0) return 0;
+    const mig_t *m = &g->mig[device->mig];
+    *total = m->mem_total ? m->mem_total : g->mem_total / (g->n_mig ? g->n_mig : 1);
+    unsigned long long procs = 0;
+    gather((int)(g - &g_sc.gpu[0]), device->mig, NULL, 0, &procs);
+    *used = procs > *total ? *total : procs;
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     API_BEGIN();
-    DEVICE(device, "memory", 0, g);
+    DEVICE(device, "memory", 1, g);
     if (!memory) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long total, mused;
+    if (mig_memory(device, g, &total, &mused)) {
+        memory->total = total;
+        memory->used = mused;
+        memory->free = total - mused;
+        API_RETURN(NVML_SUCCESS);
+    }
     unsigned long long used = used_bytes((int)(g - &g_sc.gpu[0]));
     memory->total = g->mem_total;
     memory->used = used + g->mem_reserved; /* v1 folds the reserved memory into "used" */
@@ -897,9 +935,17 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
 #ifndef FAKE_OLD_DRIVER
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     API_BEGIN();
-    DEVICE(device, "memory", 0, g);
+    DEVICE(device, "memory", 1, g);
     if (!memory) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) API_RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned long long total, mused;
+    if (mig_memory(device, g, &total, &mused)) {
+        memory->total = total;
+        memory->reserved = 0;
+        memory->used = mused;
+        memory->free = total - mused;
+        API_RETURN(NVML_SUCCESS);
+    }
     unsigned long long used = used_bytes((int)(g - &g_sc.gpu[0]));
     memory->total = g->mem_total;
     memory->reserved = g->mem_reserved;
@@ -922,10 +968,10 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos,
                                       int graphics, const char *field) {
     API_BEGIN();
-    DEVICE(device, field, 0, g);
+    DEVICE(device, field, 1, g);
     if (!count) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
     static listed_t all[MAX_STATIC_PROCS + MAX_REG_PROCS];
-    int n_all = gather((int)(g - &g_sc.gpu[0]), all, MAX_STATIC_PROCS + MAX_REG_PROCS, NULL);
+    int n_all = gather((int)(g - &g_sc.gpu[0]), device->mig, all, MAX_STATIC_PROCS + MAX_REG_PROCS, NULL);
     unsigned int n = 0;
     for (int i = 0; i < n_all; i++)
         if (all[i].graphics == graphics) all[n++] = all[i];
@@ -940,8 +986,10 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *count, 
     for (unsigned int i = 0; i < n; i++) {
         infos[i].pid = all[i].pid;
         infos[i].usedGpuMemory = all[i].mem;
-        infos[i].gpuInstanceId = NA_ID;
-        infos[i].computeInstanceId = NA_ID;
+        int slot = all[i].mig;
+        int on_mig = slot >= 0 && (unsigned int)slot < g->n_mig;
+        infos[i].gpuInstanceId = on_mig ? g->mig[slot].gi : NA_ID;
+        infos[i].computeInstanceId = on_mig ? g->mig[slot].ci : NA_ID;
     }
     *count = n;
     API_RETURN(NVML_SUCCESS);

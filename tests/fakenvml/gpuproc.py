@@ -13,9 +13,11 @@ fast and works whatever the caller's environment is. Modes:
                (a DataLoader-like child inherits the device files; it is NOT registered with NVML but
                keeps the memory in use while alive).
 * ``monitor``  opens only nvidiactl (like nvidia-smi or a metrics exporter): not a GPU holder.
+               With --open-all it opens every nvidia<N> too, as any process that called nvmlInit does.
 * ``idle``     opens nothing (a bystander such as `sshd` or `jupyter` that cleanup must never touch).
-* ``launcher`` a `torchrun`-like parent that starts a holder worker and respawns it whenever it dies; on
-               SIGTERM it forwards SIGTERM to the worker, waits a grace period, then kills it and exits.
+* ``launcher`` a `torchrun`-like parent that starts a holder worker and respawns it whenever it dies
+               (after --respawn-delay-s); on SIGTERM it forwards SIGTERM to the worker, waits a grace
+               period, then kills it and exits. Named otherwise (--name), a plain respawning parent.
 
 Registry: one file per process in the registry dir, named by PID, written atomically. One line per GPU:
 ``gpu=<index> mem_mib=<n> kind=compute start=<starttime> [also=<pid>,<pid>]`` where `start` is field 22
@@ -48,9 +50,17 @@ def proc_start_time(pid: int) -> int:
 
 
 def registry_text(
-    gpus: Iterable[int], mem_mib: int, *, kind: str = "compute", start: int | None = None, also: Sequence[int] = ()
+    gpus: Iterable[int],
+    mem_mib: int,
+    *,
+    kind: str = "compute",
+    start: int | None = None,
+    also: Sequence[int] = (),
+    mig: int | None = None,
 ) -> str:
     extra = f" start={start}" if start else ""
+    if mig is not None:
+        extra += f" mig={mig}"
     if also:
         extra += " also=" + ",".join(str(p) for p in also)
     return "".join(f"gpu={g} mem_mib={mem_mib} kind={kind}{extra}\n" for g in gpus)
@@ -65,6 +75,7 @@ def register_process(
     kind: str = "compute",
     also: Sequence[int] = (),
     check_start: bool = True,
+    mig: int | None = None,
 ) -> Path:
     """Register `pid` as holding `mem_mib` MiB on `gpu` (one index or several). Atomic (temp + rename)."""
     procs_dir = Path(procs_dir)
@@ -76,7 +87,7 @@ def register_process(
             start = proc_start_time(pid)
     path = procs_dir / str(pid)
     tmp = procs_dir / f".{pid}.{os.getpid()}.tmp"
-    tmp.write_text(registry_text(gpus, mem_mib, kind=kind, start=start, also=also))
+    tmp.write_text(registry_text(gpus, mem_mib, kind=kind, start=start, also=also, mig=mig))
     os.replace(tmp, path)
     return path
 
@@ -121,20 +132,26 @@ def _sleep_forever() -> None:
         signal.pause()
 
 
-def _open_devices(dev_dir: Path, gpu: int | None) -> list[int]:
-    """Open the device files like a CUDA process does (they must exist: never create files in /dev)."""
+def _open_devices(dev_dir: Path, gpu: int | None, open_all: bool = False) -> list[int]:
+    """Open the device files like a CUDA process does (they must exist: never create files in /dev).
+    `open_all`: also every nvidia<N>, as nvmlInit does in any process that merely reads NVML."""
     names = ["nvidiactl"]
     if gpu is not None:
         if (dev_dir / "nvidia-uvm").exists():
             names.append("nvidia-uvm")
         names.append(f"nvidia{gpu}")
+    if open_all:
+        names += sorted(p.name for p in dev_dir.glob("nvidia[0-9]*") if p.name not in names)
     return [os.open(dev_dir / n, os.O_RDWR) for n in names]
 
 
 def run_holder(args: argparse.Namespace) -> None:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    fds = [] if args.mode == "idle" else _open_devices(Path(args.dev_dir), None if args.mode == "monitor" else args.gpu)
+    if args.open_delay_s > 0:
+        time.sleep(args.open_delay_s)  # like a training script importing torch before it touches the GPU
+    gpu = None if args.mode == "monitor" else args.gpu
+    fds = [] if args.mode == "idle" else _open_devices(Path(args.dev_dir), gpu, args.open_all)
     child = 0
     if args.fork_child and args.mode == "holder":
         child = os.fork()
@@ -145,7 +162,13 @@ def run_holder(args: argparse.Namespace) -> None:
             _sleep_forever()
     if args.mode == "holder" and args.register:
         register_process(
-            Path(args.procs_dir), os.getpid(), args.gpu, args.mem_mib, kind=args.kind, also=[child] if child else ()
+            Path(args.procs_dir),
+            os.getpid(),
+            args.gpu,
+            args.mem_mib,
+            kind=args.kind,
+            also=[child] if child else (),
+            mig=args.mig,
         )
     ready: dict[str, object] = {"pid": os.getpid(), "start": proc_start_time(os.getpid()), "fds": len(fds)}
     if child:
@@ -185,14 +208,16 @@ def run_launcher(args: argparse.Namespace) -> None:
                 f"--mem-mib={args.mem_mib}",
                 f"--dev-dir={args.dev_dir}",
                 f"--procs-dir={args.procs_dir}",
-                f"--ready-file={worker_ready}",
                 f"--kind={args.kind}",
+                f"--open-delay-s={args.open_delay_s}",
             ]
             if args.ignore_sigterm:
                 cmd.append("--ignore-sigterm")
             if not args.register:
                 cmd.append("--no-register")
-            worker = subprocess.Popen(cmd, executable=args.python)
+            # The ready file goes through the environment: a respawned worker has the very same argv.
+            env = {**os.environ, "GPUPROC_READY_FILE": str(worker_ready)}
+            worker = subprocess.Popen(cmd, executable=args.python, env=env)
             deadline = time.monotonic() + 10.0
             while not worker_ready.exists():
                 if worker.poll() is not None or time.monotonic() > deadline:
@@ -208,6 +233,8 @@ def run_launcher(args: argparse.Namespace) -> None:
             worker.wait()
             if spawned > args.max_respawns:
                 raise SystemExit("launcher: too many respawns")
+            if args.respawn_delay_s > 0:
+                time.sleep(args.respawn_delay_s)  # a respawning script's back-off before it tries again
     except _Stop:
         if worker is not None and worker.poll() is None:
             worker.terminate()
@@ -226,8 +253,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mem-mib", type=int, default=1024)
     parser.add_argument("--dev-dir", required=True)
     parser.add_argument("--procs-dir", required=True)
-    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--ready-file", default=os.environ.get("GPUPROC_READY_FILE"))
     parser.add_argument("--kind", choices=("compute", "graphics"), default="compute")
+    parser.add_argument("--open-delay-s", type=float, default=0.0, help="wait before opening the devices")
+    parser.add_argument("--open-all", action="store_true", help="also open every nvidia<N> (as nvmlInit does)")
+    parser.add_argument("--mig", type=int, default=None, help="the MIG slot of the GPU it runs on")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--no-register", dest="register", action="store_false")
     parser.add_argument("--fork-child", action="store_true")
@@ -237,7 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worker-name", default="python", help="launcher: argv[0] of workers")
     parser.add_argument("--max-respawns", type=int, default=50)
     parser.add_argument("--grace-s", type=float, default=1.0)
+    parser.add_argument("--respawn-delay-s", type=float, default=0.0, help="launcher: pause before a respawn")
     args = parser.parse_args(argv)
+    if not args.ready_file:
+        parser.error("--ready-file (or GPUPROC_READY_FILE) is required")
     if args.name:
         set_process_name(args.name)
     if args.mode == "launcher":

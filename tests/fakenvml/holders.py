@@ -148,6 +148,10 @@ def spawn_gpu_holder(
     ready_timeout: float = 10.0,
     max_respawns: int = 50,
     grace_s: float = 1.0,
+    mig: int | None = None,
+    respawn_delay_s: float = 0.0,
+    open_all: bool = False,
+    open_delay_s: float = 0.0,
 ) -> GpuHolder:
     """Start a real stand-in GPU process and return once it is ready.
 
@@ -161,6 +165,11 @@ def spawn_gpu_holder(
     monitor: a process that opens only `nvidiactl` (not a GPU holder, never registered).
     bystander: a process that opens no device file at all (give it a `name` such as "sshd").
     name: argv[0] and comm (prctl) of the started process.
+    mig: the MIG slot of `gpu` its context is on (NVML lists it on that MIG device).
+    open_delay_s: wait this long before opening the device files (a launcher's workers too), as a training
+        script does while it imports torch.
+    open_all: also open every nvidia<N> (what nvmlInit does in a metrics thread or logger).
+    respawn_delay_s: a launcher waits this long after its worker died before starting the next one.
     new_session: start it in a new session (setsid), as a leftover job from another shell would be.
     """
     state_dir = Path(state_dir) if state_dir else Path(procs_dir).parent / "holders"
@@ -185,9 +194,16 @@ def spawn_gpu_holder(
         f"--python={sys.executable}",
         f"--max-respawns={max_respawns}",
         f"--grace-s={grace_s}",
+        f"--respawn-delay-s={respawn_delay_s}",
     ]
     if name:
         cmd.append(f"--name={name}")
+    if mig is not None:
+        cmd.append(f"--mig={mig}")
+    if open_all:
+        cmd.append("--open-all")
+    if open_delay_s:
+        cmd.append(f"--open-delay-s={open_delay_s}")
     if ignore_sigterm:
         cmd.append("--ignore-sigterm")
     if not register:

@@ -18,8 +18,9 @@ File format (one `key=value` per line, `#` comments)::
     gpu.<i>.<key>=<value>                  # see GPU_KEYS; e.g. gpu.3.mem_total_mib=81559
     gpu.<i>.unsupported=ecc_mode,ecc_errors   # these fields answer NVML_ERROR_NOT_SUPPORTED
     gpu.<i>.fail=<field>,<ERROR>           # any error for one field (repeatable)
-    gpu.<i>.mig_device=<MIG-uuid>,<gpu instance id>,<compute instance id>   (repeatable)
-    proc=<pid>,<gpu>,<mem_mib>[,compute|graphics]   # static process (may be a host PID), always listed
+    gpu.<i>.mig_device=<MIG-uuid>,<gpu instance id>,<compute instance id>[,<mem total MiB>]   (repeatable)
+    gpu.<i>.fail=mig.<field>,<ERROR>       # fails the query on the GPU's MIG device handles only
+    proc=<pid>,<gpu>,<mem_mib>[,compute|graphics[,<mig slot>]]   # static process (may be a host PID)
     xid=<gpu>,<xid>[,<after_ms>]           # delivered once by nvmlEventSetWait_v2
 
 Field names for `unsupported`/`fail`: see `FIELDS`.
@@ -63,6 +64,9 @@ FIELDS: frozenset[str] = frozenset(
         "field_values",  # the whole nvmlDeviceGetFieldValues call
         "recovery_action",  # the NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field only
         "events",  # register events / supported event types
+        "mig.memory",  # the same queries on a MIG device handle (the plain names fail the parent only)
+        "mig.compute_procs",
+        "mig.graphics_procs",
     }
 )
 
@@ -102,6 +106,7 @@ class MigSpec:
     uuid: str
     gpu_instance_id: int
     compute_instance_id: int = 0
+    mem_total_mib: int = 0  # 0: the GPU's total divided by its MIG devices
 
 
 @dataclass
@@ -198,7 +203,10 @@ class GpuSpec:
             "lost": int(self.lost),
         }
         out = [f"{p}{k}={v}" for k, v in values.items()]
-        out += [f"{p}mig_device={m.uuid},{m.gpu_instance_id},{m.compute_instance_id}" for m in self.mig_devices]
+        out += [
+            f"{p}mig_device={m.uuid},{m.gpu_instance_id},{m.compute_instance_id},{m.mem_total_mib}"
+            for m in self.mig_devices
+        ]
         if self.unsupported:
             out.append(f"{p}unsupported={','.join(sorted(self.unsupported))}")
         out += [f"{p}fail={name},{err}" for name, err in sorted(self.fail.items())]
@@ -217,6 +225,7 @@ class ProcSpec:
     gpu: int
     mem_mib: int
     kind: str = "compute"
+    mig: int | None = None  # the MIG slot it runs on
 
 
 @dataclass
@@ -269,7 +278,10 @@ class Scenario:
             if gpu.index != i:
                 raise ValueError(f"gpus[{i}] has index {gpu.index}; indices must be 0..n-1 in order")
             lines += gpu.lines()
-        lines += [f"proc={p.pid},{p.gpu},{p.mem_mib},{p.kind}" for p in self.procs]
+        lines += [
+            f"proc={p.pid},{p.gpu},{p.mem_mib},{p.kind}" + (f",{p.mig}" if p.mig is not None else "")
+            for p in self.procs
+        ]
         lines += [f"xid={x.gpu},{x.xid},{x.after_ms}" for x in self.xids]
         return "\n".join(lines) + "\n"
 
@@ -442,6 +454,16 @@ def mig_enabled(gpu: int = 0, devices: int = 2, count: int = 8) -> Scenario:
     return sc
 
 
+def mig_unprivileged(gpu: int = 0, devices: int = 2, count: int = 8) -> Scenario:
+    """MIG on one GPU, seen from an unprivileged container: the parent GPU answers NO_PERMISSION for its
+    memory and process lists; its MIG devices answer for themselves."""
+    sc = mig_enabled(gpu, devices, count)
+    g = sc.gpus[gpu]
+    g.fail.update({"memory": "NO_PERMISSION", "compute_procs": "NO_PERMISSION", "graphics_procs": "NO_PERMISSION"})
+    sc.description += " (unprivileged: parent queries NO_PERMISSION)"
+    return sc
+
+
 def slowdown_thermal_link(gpu: int = 0, count: int = 8) -> Scenario:
     """Hardware slowdown while idle, temperature at the slowdown threshold, PCIe link x8 of x16."""
     sc = healthy_h100(count)
@@ -482,6 +504,7 @@ STANDARD_SCENARIOS = {
     "driver_not_loaded": driver_not_loaded,
     "fields_unsupported": fields_unsupported,
     "mig_enabled": mig_enabled,
+    "mig_unprivileged": mig_unprivileged,
     "slowdown_thermal_link": slowdown_thermal_link,
     "recovery_action": recovery_action,
     "xid": xid,

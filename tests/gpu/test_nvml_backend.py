@@ -36,6 +36,7 @@ from fakenvml import (
     init_failure,
     lost_gpu,
     mig_enabled,
+    mig_unprivileged,
     phantom_memory,
     recovery_action,
     remap_failure,
@@ -45,7 +46,7 @@ from fakenvml import (
     wait_until,
     xid,
 )
-from podguard.gpu.backend import ComputeMode, GpuBackend, NvmlFailure, NvmlUnavailable
+from podguard.gpu.backend import ComputeMode, GpuBackend, GpuQueryError, NvmlFailure, NvmlUnavailable
 from podguard.gpu.nvml import NvmlBackend, classify_init_error, format_cuda_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,7 +227,8 @@ def test_lost_gpu_from_the_start(nvml_node: NvmlNode) -> None:
     assert s.name is None and s.memory_used is None
     assert backend.snapshot(4).lost is False
     assert backend.memory_used(5) is None
-    assert backend.processes(5) == ()
+    with pytest.raises(GpuQueryError, match="GPU_IS_LOST"):  # unknown, not "no process"
+        backend.processes(5)
 
 
 def test_gpu_lost_while_running_keeps_what_it_can_read(nvml_node: NvmlNode) -> None:
@@ -250,6 +252,27 @@ def test_mig_enabled(nvml_node: NvmlNode) -> None:
     assert [(m.gpu_instance_id, m.compute_instance_id) for m in s.mig_devices] == [(1, 0), (2, 0)]
     assert s.utilization_gpu is None  # n/a in MIG mode, not an error
     assert s.errors == ()
+
+
+def test_mig_devices_have_their_own_processes_and_memory_the_parent_may_not(nvml_node: NvmlNode) -> None:
+    """Issue 7 items 3/4: per-MIG-device process lists; an unreadable parent is unknown, not idle."""
+    sc = nvml_node.write(mig_unprivileged(gpu=0, devices=2))
+    slice0, slice1 = (m.uuid for m in sc.gpus[0].mig_devices)
+    holder = nvml_node.spawn_holder(0, 3000, mig=1)
+    backend = nvml_node.backend()
+    s = backend.snapshot(0)
+    assert s.memory_used is None and s.processes == ()
+    assert s.unknown == ("memory: NO_PERMISSION", "processes: NO_PERMISSION")
+    by_uuid = {m.uuid: m for m in s.mig_devices}
+    assert by_uuid[slice0].processes == () and by_uuid[slice0].memory_used == 0 and by_uuid[slice0].unknown == ()
+    (p,) = by_uuid[slice1].processes
+    assert (p.pid, p.used_memory, p.mig) == (holder.pid, 3000 * MIB, slice1)
+    assert by_uuid[slice1].memory_used == 3000 * MIB
+    with pytest.raises(GpuQueryError, match="NO_PERMISSION"):
+        backend.processes(0)
+    assert backend.memory_used(0) is None
+    assert [q.pid for q in backend.processes(0, mig=slice1)] == [holder.pid]
+    assert backend.processes(0, mig=slice0) == () and backend.memory_used(0, mig=slice1) == 3000 * MIB
 
 
 def test_slowdown_thermal_and_pcie_link(nvml_node: NvmlNode) -> None:
@@ -457,7 +480,7 @@ def test_subprocess_finds_the_fake_through_ld_library_path(nvml_node: NvmlNode) 
     gpus = out["gpus"]
     assert gpus[1]["ecc"]["uncorrected_volatile"] == 2
     assert gpus[2]["ecc"]["remap_pending"] is True
-    assert gpus[0]["processes"] == [{"pid": NONEXISTENT_PID, "used_memory": 512 * MIB, "kind": "compute"}]
+    assert gpus[0]["processes"] == [{"pid": NONEXISTENT_PID, "used_memory": 512 * MIB, "kind": "compute", "mig": None}]
     assert gpus[0]["compute_mode"] == "default"
 
 
@@ -500,7 +523,7 @@ def test_old_driver_without_newer_symbols(nvml_node: NvmlNode, fake_nvml_old: Fa
     assert g0["memory_used"] == 530 * MIB  # v1 folds the reserved memory into "used"
     assert g0["clock_event_reasons"] == 1
     assert g0["mig_enabled"] is None and g0["ecc"]["remap_pending"] is None
-    assert g1["processes"] == [{"pid": NONEXISTENT_PID, "used_memory": 256 * MIB, "kind": "compute"}]
+    assert g1["processes"] == [{"pid": NONEXISTENT_PID, "used_memory": 256 * MIB, "kind": "compute", "mig": None}]
 
 
 def test_import_is_cheap_and_pulls_no_heavy_modules() -> None:

@@ -17,7 +17,7 @@ from podguard.launch.modes import (
     single_spec,
     validate_mode,
 )
-from podguard.launch.supervisor import run_job
+from podguard.launch.run import run_job
 from podguard.preflight.selection import SelectedGpu, Selection
 
 PY = sys.executable

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from containersim import in_container, nolock_env, require_namespaces
 from podguard.errors import UsageError
 from podguard.launch.prepare import STAMP_NAME, PrepareError, cache_key, prepare_once
+from podguard.launch.prepare_stale import STALE_TEMP_S, TMP_PREFIX, clean_stale, temp_owner
+from podguard.locks import host_id
 
 DRIVER = """
 import json, sys
@@ -281,3 +284,103 @@ def test_waiters_report_progress(tmp_path: Path) -> None:
     assert any("another process is preparing" in line for line in lines)
     assert _runs(count) == 1
     assert os.path.exists(result.path / "data.txt")
+
+
+# --------------------------------------------------------------------------------------------------
+# network volumes (issue 7 item 11): pods share the cache, not their locks nor their PIDs
+
+
+def test_temp_folders_are_named_per_host_not_by_pid_alone(tmp_path: Path) -> None:
+    seen: list[str] = []
+    prepare_once(lambda out: seen.append(out.name), cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+    owner = temp_owner(seen[0], TMP_PREFIX, seen[0][len(TMP_PREFIX) :].split("-")[0])
+    assert owner == (host_id(), os.getpid())
+    assert seen[0].rsplit("-", 1)[1]  # plus a random part: two pods' PID 1 still differ
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_cleaning_keeps_what_another_pod_may_still_be_writing(tmp_path: Path) -> None:
+    key = "k" * 24
+    made = {
+        "mine, process gone": f"{TMP_PREFIX}{key}-{host_id()}-{_dead_pid()}-aaaa",
+        "mine, process alive": f"{TMP_PREFIX}{key}-{host_id()}-{os.getpid()}-bbbb",
+        "other pod, fresh": f"{TMP_PREFIX}{key}-other-pod-1-cccc",
+        "other pod, abandoned": f"{TMP_PREFIX}{key}-other-pod-1-dddd",
+        "older naming, fresh": f"{TMP_PREFIX}{key}-1234",
+    }
+    for name in made.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part").write_text("x")
+    old = time.time() - STALE_TEMP_S - 60
+    for path in (tmp_path / made["other pod, abandoned"], tmp_path / made["other pod, abandoned"] / "part"):
+        os.utime(path, (old, old))
+    lines: list[str] = []
+    clean_stale(tmp_path, key, lines.append, has_stamp=lambda folder: False)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {made["mine, process alive"], made["other pod, fresh"], made["older naming, fresh"]}
+    assert any("interrupted run on this host" in line for line in lines)
+    assert any("untouched for 24 h" in line for line in lines)
+
+
+def test_an_unstamped_result_is_checked_again_before_it_is_deleted(tmp_path: Path) -> None:
+    key = "k" * 24
+    final = tmp_path / key
+    final.mkdir()
+    (final / "data").write_text("complete")
+    checks: list[Path] = []
+
+    def stamp_lands_meanwhile(folder: Path) -> bool:  # another pod's (older podguard's) stamp arrives
+        checks.append(folder)
+        return len(checks) > 1
+
+    clean_stale(tmp_path, key, lambda s: None, has_stamp=stamp_lands_meanwhile)
+    assert (final / "data").read_text() == "complete" and len(checks) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [key]  # put back; no trash left
+    clean_stale(tmp_path, key, lambda s: None, has_stamp=lambda folder: False)
+    assert list(tmp_path.iterdir()) == []
+
+
+POD_DRIVER = """
+import json, sys
+from podguard.launch.prepare import prepare_once
+cache, count = sys.argv[1], sys.argv[2]
+# both pods are inside the step at the same time (a barrier in the shared folder), then both finish
+step = (f'echo run >> {count}; hostname > {count}.$(hostname); i=0; '
+        f'while [ $(ls {count}.* | wc -l) -lt 2 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; '
+        'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"')
+cmd = ["sh", "-c", step]
+r = prepare_once(cmd, cache_root=cache, key_parts={"dataset": "d"}, progress=lambda s: print(s, file=sys.stderr))
+print(json.dumps({"by": r.prepared_by, "key": r.key, "path": str(r.path)}))
+"""
+
+
+def test_two_pods_on_a_volume_without_flock_publish_one_complete_result(tmp_path: Path) -> None:
+    """ENOLCK (NFS without a lock daemon) is no traceback, and the two pods' temp folders (both made by a
+    PID 1) neither collide nor get deleted by the other pod; the first rename wins, the other uses it."""
+    require_namespaces()
+    cache, count = tmp_path / "cache", tmp_path / "count"
+    cache.mkdir()
+    env = {**os.environ, **nolock_env(cache)}
+    procs = []
+    for pod in ("pod-a", "pod-b"):
+        (tmp_path / pod).mkdir()  # each pod's own /tmp (host-local)
+        argv = in_container([sys.executable, "-c", POD_DRIVER, str(cache), str(count)], hostname=pod)
+        pod_env = {**env, "TMPDIR": str(tmp_path / pod)}
+        procs.append(subprocess.Popen(argv, env=pod_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        assert "has no file locks" in err
+        results.append(json.loads(out))
+    assert _runs(count) == 2  # no lock across pods: both ran ...
+    assert sorted(r["by"] for r in results) == ["another host", "this process"]  # ... one result counts
+    final = Path(results[0]["path"])
+    assert (final / "data.txt").read_text().strip() == results[0]["key"]
+    assert json.loads((final / STAMP_NAME).read_text())["host"] in ("pod-a", "pod-b")
+    assert [p.name for p in cache.iterdir() if not p.name.endswith((".lock", ".flock-probe"))] == [final.name]

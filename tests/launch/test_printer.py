@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from podguard.launch.printer import CONT_END, CONT_START, LINE_CAP, Printer
+from podguard.launch.run import run_job
 from podguard.launch.spec import WorkerSpec
-from podguard.launch.supervisor import run_job
 
 
 def _printer(**kw):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import UsageError
-from podguard.launch.modes import READY_TIMEOUT_EXIT, load_roles, only_for_gpu, parse_roles, run_roles
+from podguard.launch.modes import only_for_gpu
+from podguard.launch.roles import READY_TIMEOUT_EXIT, load_roles, parse_roles, run_roles
 from podguard.preflight.selection import SelectedGpu, Selection
 
 PY = sys.executable

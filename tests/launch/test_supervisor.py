@@ -8,28 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from podguard.errors import UsageError
-from podguard.launch.lifecycle import (
-    LaunchDecision,
-    backoff_delay,
-    backoff_wait,
-    idle,
-    job_key,
-    load_history,
-    plan_launch,
-    record_outcome,
-    record_run,
-    validate_on_exit,
-)
 from podguard.launch.process import pdeathsig_wrapper
+from podguard.launch.run import run_job
 from podguard.launch.spec import WorkerSpec
-from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor, children_of, run_job
+from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor
+from podguard.procfs import children_of
 
 HELPER = Path(__file__).with_name("_launch_helper.py")
 PY = sys.executable
@@ -250,73 +239,3 @@ def test_orphan_left_by_a_successful_job_is_stopped_and_reaped(tmp_path: Path):
     assert _gone(grandchild)
     assert grandchild not in children_of(os.getpid())
     assert b"stopping leftover process(es) of the job" in out.getvalue()
-
-
-# --------------------------------------------------------------------------------------------------
-# After the job: outcome records, --on-exit, the restart / crash-loop policy
-
-
-def test_on_exit_choices():
-    assert validate_on_exit("idle") == "idle"
-    with pytest.raises(UsageError, match="stop-pod needs the RunPod integration"):
-        validate_on_exit("stop-pod")
-    with pytest.raises(UsageError, match="choose one of: exit, idle"):
-        validate_on_exit("sleep")
-
-
-def _runs(tmp_path: Path, key: str, results: list[tuple[int, float, int | None]], container: str = "old") -> None:
-    now = time.time()
-    for code, duration, sig in results:
-        path = record_run(
-            key=key, argv=["python", "t.py"], mode="per-gpu", exit_code=code, started_at=now - duration,
-            ended_at=now, signal_num=sig, state=tmp_path,
-        )  # fmt: skip
-        data = json.loads(path.read_text())
-        data["history"][-1]["container"] = container  # as if recorded before a container restart
-        path.write_text(json.dumps(data))
-
-
-def test_finished_job_is_not_rerun_after_a_container_restart(tmp_path: Path):
-    key = job_key(["python", "t.py"], "per-gpu", cwd="/w")
-    assert plan_launch(key, entry=True, state=tmp_path).action == "run"  # no history yet
-    outcome = run_job([WorkerSpec("job", ("true",))], out=io.BytesIO())
-    record_outcome(outcome, key=key, argv=["true"], mode="single", started_at=time.time() - 1, state=tmp_path)
-    assert load_history(key, tmp_path)[-1]["exit_code"] == 0
-    # same container instance (a person re-running it): run; the entry process after a restart: skip
-    assert plan_launch(key, entry=True, state=tmp_path).action == "run"
-    assert plan_launch(key, entry=False, state=tmp_path, container="new").action == "run"
-    decision = plan_launch(key, entry=True, state=tmp_path, container="new")
-    assert decision.action == "skip" and "--rerun" in decision.reason
-    assert plan_launch(key, entry=True, rerun=True, state=tmp_path, container="new").action == "run"
-
-
-def test_crash_loop_backs_off_exponentially(tmp_path: Path):
-    assert [backoff_delay(k) for k in (0, 1, 2, 3, 4, 10)] == [0, 0, 10, 20, 40, 300]
-    _runs(tmp_path, "k1", [(1, 5.0, None)])
-    assert plan_launch("k1", entry=True, state=tmp_path, container="new").action == "run"  # first retry at once
-    _runs(tmp_path, "k3", [(1, 5.0, None)] * 3)
-    decision = plan_launch("k3", entry=True, state=tmp_path, container="new")
-    assert decision.action == "backoff" and decision.delay_s == 20
-    assert "crashed within 60 s of starting 3 times in a row" in decision.reason
-    _runs(tmp_path, "slow", [(1, 5.0, None), (1, 500.0, None)])  # it ran a while: not a crash loop
-    assert plan_launch("slow", entry=True, state=tmp_path, container="new").action == "run"
-    _runs(tmp_path, "stopped", [(143, 5.0, 15)] * 3)  # docker stop is not a crash
-    assert plan_launch("stopped", entry=True, state=tmp_path, container="new").action == "run"
-    later = time.time() + 2 * 3600  # crashes long ago are not a loop
-    assert plan_launch("k3", entry=True, state=tmp_path, container="new", now=later).action == "run"
-
-
-def test_backoff_and_idle_end_on_a_signal():
-    def signal_main_soon() -> None:
-        threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM)).start()
-
-    out = io.StringIO()
-    signal_main_soon()
-    t0 = time.monotonic()
-    got = backoff_wait(LaunchDecision("backoff", "waiting 30 s", delay_s=30), out=out, step_s=0.1)
-    assert got == signal.SIGTERM and time.monotonic() - t0 < 5
-    assert "launching again in" in out.getvalue() and "not launching" in out.getvalue()
-    signal_main_soon()
-    assert idle(3, Path("/state/jobs/x.json"), out=out) == 3
-    assert "outcome recorded in /state/jobs/x.json" in out.getvalue()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

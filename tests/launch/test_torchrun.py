@@ -19,16 +19,12 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import ExitCode, UsageError
+from podguard.launch.ports import allocate_master_port
 from podguard.launch.spec import JobOutcome, WorkerExit, WorkerSpec
-from podguard.launch.torchrun.command import (
-    EXIT_FILE,
-    REPLY_FILE,
-    build_torchrun_spec,
-    classify_command,
-    explain_torchrun_failure,
-)
-from podguard.preflight.leases import allocate_master_port
+from podguard.launch.torchrun.command import REPLY_FILE, build_torchrun_spec, classify_command
+from podguard.launch.torchrun.failure import explain_torchrun_failure
 from podguard.preflight.selection import SelectedGpu, Selection
+from podguard.rank.wrap import EXIT_FILE
 
 CPU = Selection(gpus=(), source="none", inventory_count=0)
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -62,7 +58,7 @@ def test_single_node_cpu_standalone_with_rank_wrapper(tmp_path):
     assert opt(a, "--log-dir") == str(tmp_path / "err") and opt(a, "--max-restarts") == "0"
     assert "--tee" not in a and "--redirects" not in a
     wrap = a[a.index("--no-python") + 1 :]
-    assert wrap[1] == "-mpodguard.launch.torchrun.command" and wrap[2] == "train.py"
+    assert wrap[1] == "-mpodguard.rank.wrap" and wrap[2] == "train.py"
     assert "--prefix=rank{rank}:" in wrap and f"--log-dir={tmp_path / 'logs'}" in wrap
     worker = wrap[wrap.index("--") + 1 :]
     assert worker[1:] == ("-u", "train.py") and os.path.basename(worker[0]).startswith("python")
@@ -96,13 +92,13 @@ def test_instant_cluster_env_gives_c10d_multi_node(tmp_path):
         "NODE_ADDR": "10.65.0.3",
         "NUM_TRAINERS": "8",
     }
-    a = spec_for(tmp_path, selection=gpus(8), env=env).argv
+    a = spec_for(tmp_path, selection=gpus(8), env=env, rdzv_backend="c10d").argv
     assert opt(a, "--nnodes") == "2" and opt(a, "--rdzv-backend") == "c10d"
     assert opt(a, "--rdzv-endpoint") == "10.65.0.2:29400"  # PRIMARY_PORT before MASTER_PORT
     assert opt(a, "--rdzv-id") == "podguard" and opt(a, "--rdzv-conf") == "is_host=false"
     assert opt(a, "--local-addr") == "10.65.0.3" and opt(a, "--nproc-per-node") == "8"
     assert "--standalone" not in a and "--node-rank" not in a  # c10d ignores it (and would warn)
-    primary = spec_for(tmp_path, selection=gpus(8), env={**env, "NODE_RANK": "0"}).argv
+    primary = spec_for(tmp_path, selection=gpus(8), env={**env, "NODE_RANK": "0"}, rdzv_backend="c10d").argv
     assert opt(primary, "--rdzv-conf") == "is_host=true"
 
 
@@ -119,9 +115,12 @@ def test_static_multi_node_ranks_follow_node_rank(tmp_path):
 
 def test_explicit_args_take_precedence_and_master_names_are_fallbacks(tmp_path):
     env = {"NUM_NODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29333"}
-    a = spec_for(tmp_path, env=env).argv
+    a = spec_for(tmp_path, env=env, rdzv_backend="c10d").argv
     assert opt(a, "--rdzv-endpoint") == "10.0.0.9:29333"
-    a = spec_for(tmp_path, env=env, nnodes=4, node_rank=0, master_addr="fd00::1", master_port=29999, rdzv_id="j7").argv
+    a = spec_for(
+        tmp_path, env=env, nnodes=4, node_rank=0, master_addr="fd00::1", master_port=29999, rdzv_id="j7",
+        rdzv_backend="c10d",
+    ).argv  # fmt: skip
     assert opt(a, "--nnodes") == "4" and opt(a, "--rdzv-endpoint") == "[fd00::1]:29999"
     assert opt(a, "--rdzv-id") == "j7" and opt(a, "--rdzv-conf") == "is_host=true"
     a = spec_for(tmp_path, env={"NUM_NODES": "2", "PRIMARY_ADDR": "h"}).argv
@@ -201,7 +200,8 @@ def test_stale_reply_file_is_removed(tmp_path):
 
 def test_importing_launch_modules_does_not_import_torch():
     code = (
-        "import sys, podguard.launch.torchrun.command, podguard.preflight.leases, podguard.launch.sweep; "
+        "import sys, podguard.launch.torchrun.command, podguard.launch.torchrun.failure, podguard.launch.ports, "
+        "podguard.preflight.leases, podguard.launch.sweep, podguard.rank.wrap; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
@@ -221,7 +221,7 @@ def wrap(tmp_path: Path, code: str, rank: int = 3, **env: str) -> subprocess.Com
         "TORCHELASTIC_ERROR_FILE": str(err / "error.json"),
         **env,
     }
-    argv = [sys.executable, "-mpodguard.launch.torchrun.command", "t.py", "--prefix=rank{rank}/gpu{gpu}:"]
+    argv = [sys.executable, "-mpodguard.rank.wrap", "t.py", "--prefix=rank{rank}/gpu{gpu}:"]
     argv += ["--gpus=4,5", f"--log-dir={tmp_path}", "--", sys.executable, "-c", textwrap.dedent(code)]
     return subprocess.run(argv, env=full_env, capture_output=True, timeout=30)
 
@@ -255,6 +255,42 @@ def test_rank_wrapper_dies_by_the_workers_signal(tmp_path):
     assert proc.stdout == b"rank3/gpu5:bye\n"
     rec = json.loads((tmp_path / "run" / "attempt_0" / "1" / EXIT_FILE).read_text())
     assert rec["signal"] == signal.SIGKILL and rec["exitcode"] is None
+
+
+def test_rank_wrapper_log_keeps_a_long_line_whole_when_it_arrives_in_pieces(tmp_path):
+    """A line longer than one atomic terminal write is shown in prefixed pieces as it arrives (never held
+    whole), but the log file gets it unsplit, whatever sizes the pipe delivered it in."""
+    from collections import deque
+
+    from podguard.rank.wrap import LineStream, RankLog
+
+    log = RankLog(tmp_path / "rank0.log", warn=lambda text: None)
+    r, w = os.pipe()
+    stream = LineStream(w, b"rank0:", True, log, deque(maxlen=5))
+    data = b"x" * 10000 + b"\nshort\r\nlast"
+    for start in range(0, len(data), 3000):  # the pieces a busy pipe may deliver
+        stream.feed(data[start : start + 3000])
+    stream.feed(b"", final=True)
+    log.close()
+    os.close(w)
+    shown = os.read(r, 1 << 20).splitlines()
+    os.close(r)
+    assert (tmp_path / "rank0.log").read_bytes() == b"x" * 10000 + b"\nshort\nlast\n"
+    assert all(line.startswith(b"rank0:") and len(line) < 4096 for line in shown)
+    assert b"".join(line.removeprefix(b"rank0:") for line in shown[:-2]) == b"x" * 10000
+
+
+def test_rank_wrapper_survives_a_full_log_volume_and_keeps_the_workers_code(tmp_path):
+    """Issue 7, item 8: a full volume under the per-rank log must cost the log (one warning), never the job."""
+    (tmp_path / "rank3.log").symlink_to("/dev/full")  # every write: ENOSPC
+    proc = wrap(tmp_path, "import sys\nfor i in range(5000): print('line', i, 'x' * 100)\nsys.exit(5)")
+    assert proc.returncode == 5  # the worker's own code, not a crashed wrapper's
+    out = proc.stdout.decode().splitlines()
+    assert len(out) == 5000 and out[-1].startswith("rank3/gpu5:line 4999")  # nothing lost on the terminal
+    err = proc.stderr.decode()
+    assert err.count("warning: log file") == 1 and "No space left on device" in err and "Traceback" not in err
+    rec = json.loads((tmp_path / "run" / "attempt_0" / "1" / EXIT_FILE).read_text())
+    assert rec["exitcode"] == 5
 
 
 # ------------------------------------------------------------------------------- explain (synthetic)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeBackend, h100
-from podguard.errors import PodguardError
+from podguard.errors import PodguardError, UsageError
 from podguard.gpu.backend import MigDevice
 from podguard.preflight.selection import select_gpus
 
@@ -105,3 +105,26 @@ def test_mig_gpu_expands_to_its_mig_devices_and_mig_ids_select_one():
     assert [g.visible_id for g in sel.gpus] == ["MIG-aaaa-1111", "MIG-aaaa-2222", inv[1].uuid]
     one = select_gpus(inv, cuda_visible_devices="MIG-aaaa-2222")
     assert [(g.index, g.visible_id) for g in one.gpus] == [(0, "MIG-aaaa-2222")]
+
+
+def test_gpu_list_minus_one_on_a_gpu_node_is_loud_and_require_gpu_refuses_it():
+    """Issue 7: GPU_LIST=-1 means "no GPU"; on a node that has GPUs that must be said, naming the variable."""
+    inv = FakeBackend.healthy(8).gpus
+    sel = select_gpus(inv, gpu_list="-1")
+    assert sel.cpu_only
+    (warning,) = sel.warnings
+    assert "GPU_LIST='-1' selects no GPU although this node has 8" in warning
+    with pytest.raises(UsageError) as info:
+        select_gpus(inv, gpu_list="-1", require_gpu=True)
+    assert info.value.code == 64 and "GPU_LIST='-1'" in info.value.message and "--require-gpu" in info.value.message
+    assert select_gpus([], gpu_list="-1").cpu_only  # a CPU node: nothing to warn about beyond "no GPU"
+
+
+def test_the_run_summary_prints_the_gpu_list_warning(nvml_node, tmp_path):
+    from podguard.preflight.options import PreflightOptions, ProbeMode
+    from podguard.preflight.pipeline import run_preflight
+
+    opts = PreflightOptions(command="run", gpu_list="-1", probe=ProbeMode.OFF, state_dir=tmp_path / "state")
+    result = run_preflight(opts, quiet=True)
+    assert result.exit_code == 0 and result.selection is not None and result.selection.cpu_only
+    assert "! GPU_LIST='-1' selects no GPU although this node has 8" in result.summary

@@ -40,35 +40,33 @@ def _root(
     """podguard: reliable GPU job start-up on RunPod and any Docker GPU host."""
 
 
-NODE_COMMANDS = ("gpus", "health", "cleanup", "doctor")
-LAUNCH_COMMANDS = ("train", "run", "sweep")
-# Command groups in modules of their own, imported only when invoked (the pod commands load an HTTP
-# client, the image commands the Docker SDK): group name -> module with `register(app, only=name)`.
-GROUP_MODULES: dict[str, str] = {}
+# Each command lives in a module imported only when it is invoked (Typer builds a Click command for every
+# registered function, ~4 ms each plus its module's imports; the pod commands load an HTTP client, the image
+# commands the Docker SDK): command name -> module with `register(app, only=name)`.
+COMMAND_MODULES: dict[str, str] = {
+    "gpus": "podguard.cli.node",
+    "health": "podguard.cli.node",
+    "cleanup": "podguard.cli.node",
+    "doctor": "podguard.cli.node",
+    "train": "podguard.cli.launch",
+    "run": "podguard.cli.launch",
+    "sweep": "podguard.cli.launch",
+    "pod": "podguard.cli.pods",
+    "template": "podguard.cli.pods",
+    "image": "podguard.cli.image",
+}
 
 
 def _register(argv: list[str]) -> None:
-    """Register the commands this invocation can reach.
-
-    Typer builds a Click command for every registered function on every start (~4 ms each, plus its
-    module's imports); `podguard run` is on a training job's start-up path, so only the invoked command is
-    built. `--help`, no command, or an unknown one registers them all (help lists them; errors name them).
-    """
+    """Register the commands this invocation can reach: only the invoked one (`podguard run` is on a
+    training job's start-up path); `--help`, no command, or an unknown one registers them all (help lists
+    them; errors name them)."""
     import importlib
 
-    from podguard.cli import launch, node
-
     first = next((a for a in argv if not a.startswith("-")), None)
-    if first in NODE_COMMANDS or first in LAUNCH_COMMANDS:
-        (node if first in NODE_COMMANDS else launch).register(app, only=first)
-        return
-    if first in GROUP_MODULES:
-        importlib.import_module(GROUP_MODULES[first]).register(app, only=first)
-        return
-    node.register(app)
-    launch.register(app)
-    for name, module in GROUP_MODULES.items():
-        importlib.import_module(module).register(app, only=name)
+    names = [first] if first in COMMAND_MODULES else list(COMMAND_MODULES)
+    for name in names:
+        importlib.import_module(COMMAND_MODULES[name]).register(app, only=name)
 
 
 def main(argv: list[str] | None = None) -> None:

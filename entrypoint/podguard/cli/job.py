@@ -12,21 +12,67 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from podguard.errors import ExitCode, UsageError, signal_exit_code
-from podguard.launch.config import JobConfig, LaunchMode, OnExit
+from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit, configure
 from podguard.launch.spec import JobOutcome
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import run_preflight
 from podguard.preflight.selection import Selection
+from podguard.redact import redact_command
 
-__all__ = ["run_job_flow"]
+if TYPE_CHECKING:
+    from podguard.pods.selfheal import SelfHealConfig
+
+__all__ = ["configure_counted", "run_job_flow"]
+
+
+def configure_counted(
+    argv: list[str], launch: LaunchOptions, opts: PreflightOptions, *, demo: bool = False
+) -> JobConfig:
+    """`configure`, with a refused configuration counted as a failed start by the restart guard.
+
+    A container whose start command has a bad option restarts, fails at once, and restarts again: the
+    entry process backs off like any other crash loop (a person at a shell still gets the error at once).
+    """
+    try:
+        return configure(argv, launch, grace_s=opts.grace_s, demo=demo)
+    except UsageError as exc:
+        _count_refused_start(argv or [str(launch.job_file)], launch.mode, opts, exc)
+        raise
+
+
+def _count_refused_start(argv: list[str], mode: str, opts: PreflightOptions, exc: UsageError) -> None:
+    from podguard.launch import lifecycle
+    from podguard.state import state_dir
+
+    try:
+        base = state_dir(opts.state_dir)
+    except PodguardError:
+        return  # no state dir: nothing to count in
+    key = lifecycle.job_key(argv, mode, extra=[os.environ.get("GPU_LIST", "")])
+    decision = lifecycle.plan_launch(key, state=base)
+    if decision.delay_s > 0 and lifecycle.backoff_wait(decision, out=sys.stderr) is not None:
+        return  # a signal ended the pause: exit with the usage error now
+    lifecycle.record_run(
+        key=key,
+        argv=argv,
+        mode=mode,
+        exit_code=exc.code,
+        started_at=time.time(),
+        kind=lifecycle.RunKind.START,
+        detail=exc.message,
+        root_cause="configuration",
+        state=base,
+    )
 
 
 def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
@@ -35,31 +81,48 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
     from podguard.state import state_dir
 
     base = state_dir(opts.state_dir)
+    heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
     key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
     decision = lifecycle.plan_launch(key, rerun=cfg.options.rerun, state=base)
-    if decision.action == "skip":
-        _say(f"podguard: {decision.reason}")
-        return _after(cfg, ExitCode.OK, decision.record)
-    if decision.action == "backoff":
+    if decision.delay_s > 0:
         got = lifecycle.backoff_wait(decision, out=sys.stderr)
         if got is not None:
             return signal_exit_code(got)
+    # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
+    # the clock starts after the pause, or long pauses would make quick crashes look slow
+    record = partial(
+        lifecycle.record_run, key=key, argv=cfg.job_argv, mode=cfg.mode, started_at=time.time(), state=base
+    )
+    if decision.action is lifecycle.LaunchAction.SKIP:
+        if not decision.delay_s:
+            _say(f"podguard: {decision.reason}")
+        skipped = record(exit_code=ExitCode.OK, kind=lifecycle.RunKind.SKIP)
+        return _after(cfg, ExitCode.OK, skipped or decision.record)
 
     opts = replace(
         opts,
         lease=True,
-        extra={**opts.extra, "command_line": f"podguard {opts.command} -- {shlex.join(cfg.argv)}"},
+        extra={**opts.extra, "command_line": f"podguard {opts.command} -- {redact_command(cfg.argv)}"},
     )
-    pre = run_preflight(opts, validate_selection=_selection_check(cfg))
-    if pre.exit_code != ExitCode.OK:
-        return _after(cfg, pre.exit_code, None)
-    assert pre.selection is not None
     try:
-        code, record = _launch(cfg, opts, pre.selection, base, key)
-    finally:
-        if pre.lease is not None:
-            pre.lease.release()
-    return _after(cfg, code, record)
+        pre = run_preflight(opts, validate_selection=_selection_check(cfg))
+        if pre.exit_code != ExitCode.OK:
+            failed = record(
+                exit_code=pre.exit_code, kind=lifecycle.RunKind.START, detail=pre.message, root_cause="preflight"
+            )
+            healed = _self_heal(heal, pre.exit_code, base, pre.report_path)  # may restart/replace/park this pod
+            return healed if healed != pre.exit_code else _after(cfg, pre.exit_code, failed)
+        _self_heal(heal, ExitCode.OK, base, pre.report_path)  # a pass resets the failure count
+        assert pre.selection is not None
+        try:
+            code, outcome_record = _launch(cfg, opts, pre.selection, base, key)
+        finally:
+            if pre.lease is not None:
+                pre.lease.release()
+    except PodguardError as exc:  # a bad command, a failed prepare step, a port conflict: it counts too
+        record(exit_code=exc.code, kind=lifecycle.RunKind.START, detail=exc.message, root_cause=type(exc).__name__)
+        raise
+    return _after(cfg, code, outcome_record)
 
 
 def _launch(
@@ -67,22 +130,30 @@ def _launch(
 ) -> tuple[int, Path | None]:
     """Steps 3 and 4: port, prepare, the mode's workers under supervision, the outcome record."""
     from podguard.launch import lifecycle
-    from podguard.state import subdir
 
     started = time.time()
-    run_dir = subdir(subdir(base, "runs"), time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
+    run_dir = _run_dir(base)
     env: dict[str, str] = {"PODGUARD_RUN_DIR": str(run_dir), "PODGUARD_STATE_DIR": str(base)}
     mode = _pick_mode(cfg, selection)
     port_lease = None
     try:
         port = cfg.options.master_port
-        if mode in (LaunchMode.PER_GPU, LaunchMode.ROLES) or (
-            mode is LaunchMode.TORCHRUN and port is not None and not cfg.multi_node
+        # single mode: a script that spawns its own ranks (mp.spawn, a shell loop) needs a port of its own
+        # too, unless the user's environment gives one
+        single_port = mode is LaunchMode.SINGLE and not os.environ.get("MASTER_PORT")
+        if (
+            single_port
+            or mode in (LaunchMode.PER_GPU, LaunchMode.ROLES)
+            or (mode is LaunchMode.TORCHRUN and port is not None and not cfg.multi_node)
         ):
-            from podguard.preflight.leases import allocate_master_port
+            from podguard.launch.ports import allocate_master_port
 
             port_lease = allocate_master_port(port, command=opts.extra.get("command_line"))
             port = port_lease.port
+        if single_port and port is not None:
+            env["MASTER_PORT"] = str(port)
+            if not os.environ.get("MASTER_ADDR"):
+                env["MASTER_ADDR"] = cfg.options.master_addr or "127.0.0.1"
         if cfg.prepare_argv is not None:
             env.update(_prepare(cfg, base, env))
         outcome = _run_mode(mode, cfg, selection, env, port, run_dir)
@@ -94,6 +165,19 @@ def _launch(
     finally:
         if port_lease is not None:
             port_lease.release()
+
+
+def _run_dir(base: Path) -> Path:
+    """`<state>/runs/<time>-<pid>`; a temp folder (with a warning) when the volume cannot take it (full)."""
+    from podguard.state import subdir
+
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    try:
+        return subdir(subdir(base, "runs"), name)
+    except OSError as exc:
+        fallback = Path(tempfile.mkdtemp(prefix=f"podguard-run-{name}-"))
+        _say(f"podguard: warning: cannot create a run folder in {base / 'runs'} ({exc.strerror}); logs: {fallback}")
+        return fallback
 
 
 def _pick_mode(cfg: JobConfig, selection: Selection) -> LaunchMode:
@@ -111,7 +195,7 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 
     def check(selection: Selection) -> None:
         if cfg.mode is LaunchMode.ROLES:
-            from podguard.launch.modes import load_roles
+            from podguard.launch.roles import load_roles
 
             assert cfg.options.job_file is not None
             load_roles(cfg.options.job_file, selection, master_port=cfg.options.master_port or 29500)
@@ -122,8 +206,8 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 def _run_mode(
     mode: LaunchMode, cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path
 ) -> JobOutcome:
-    from podguard.launch import modes
-    from podguard.launch.supervisor import run_job
+    from podguard.launch import modes, roles
+    from podguard.launch.run import run_job
 
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -131,10 +215,10 @@ def _run_mode(
     only: set[str] | None = None
     if mode is LaunchMode.ROLES:
         assert cfg.options.job_file is not None and port is not None
-        plan = modes.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
+        plan = roles.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
         if only_gpu is not None:
             only = modes.only_for_gpu(plan.specs(), only_gpu)
-        return modes.run_roles(plan, selection, master_port=port, log_dir=logs, grace_s=cfg.grace_s, only=only)
+        return roles.run_roles(plan, selection, master_port=port, log_dir=logs, grace_s=cfg.grace_s, only=only)
     if mode is LaunchMode.TORCHRUN:
         return _run_torchrun(cfg, selection, env, port, run_dir)
     if mode is LaunchMode.SINGLE:
@@ -159,8 +243,10 @@ def _run_mode(
 def _run_torchrun(
     cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path
 ) -> JobOutcome:
-    from podguard.launch.supervisor import format_summary, run_job
-    from podguard.launch.torchrun.command import build_torchrun_spec, explain_torchrun_failure
+    from podguard.launch.run import run_job
+    from podguard.launch.summary import format_summary
+    from podguard.launch.torchrun.command import build_torchrun_spec
+    from podguard.launch.torchrun.failure import explain_torchrun_failure
 
     opts = cfg.options
     errors = run_dir / "torchrun"
@@ -178,6 +264,7 @@ def _run_torchrun(
         nproc=opts.cpu_workers,
         only_local_ranks=None if opts.only_gpu is None else _local_ranks_of(selection, opts.only_gpu),
         shutdown_timeout_s=max(cfg.grace_s - 1.0, 1.0),
+        rdzv_backend=opts.rdzv_backend,
     )
     outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False), errors)
     _say(format_summary(outcome))
@@ -211,7 +298,29 @@ def _after(cfg: JobConfig, code: int, record: Path | None) -> int:
         from podguard.launch.lifecycle import idle
 
         return idle(code, record, out=sys.stderr)
+    if cfg.options.on_exit is OnExit.STOP_POD:
+        from podguard.pods.selfheal import stop_own_pod
+
+        return stop_own_pod(code)
     return code
+
+
+def _self_heal_config() -> SelfHealConfig | None:
+    """The in-pod self-heal settings, or None when none of its variables is set (nothing imported)."""
+    if not any(os.environ.get(v) for v in ("PODGUARD_SELF_HEAL", "PODGUARD_SELF_HEAL_AFTER", "PODGUARD_PARK")):
+        return None
+    from podguard.pods.selfheal import SelfHealConfig
+
+    return SelfHealConfig.from_env()
+
+
+def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path | None) -> int:
+    """Count the preflight's result for self-heal (pods/selfheal.py); the code to exit with."""
+    if heal is None:
+        return code
+    from podguard.pods.selfheal import after_preflight
+
+    return after_preflight(code, heal, state=base, report=report)
 
 
 def _say(text: str) -> None:

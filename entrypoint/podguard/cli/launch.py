@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import typer
 
-from podguard.cli.params import LAUNCH, PREFLIGHT, Command, options
+from podguard.cli.options import LAUNCH, PREFLIGHT
+from podguard.cli.params import Command, options
 from podguard.errors import ExitCode, PodguardError
-from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, LaunchOptions, configure, demo_argv
+from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, LaunchOptions, demo_argv
 from podguard.preflight.options import PreflightOptions
 
 PREFLIGHT_ALL = tuple(name for name in PREFLIGHT.params if name != "dry_run")
@@ -27,7 +28,7 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="train")
 def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
     """Preflight, then launch CMD and supervise it to the end. Without CMD: the built-in demo training job."""
-    from podguard.cli.job import run_job_flow
+    from podguard.cli.job import configure_counted, run_job_flow
 
     argv = list(command or [])
     demo = not argv and launch.job_file is None
@@ -38,8 +39,7 @@ def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None
             mode=LaunchMode.PER_GPU if launch.mode is LaunchMode.AUTO else launch.mode,
             cpu_workers=DEMO_CPU_WORKERS if launch.cpu_workers is None else launch.cpu_workers,
         )
-    cfg = configure(argv, launch, grace_s=opts.grace_s, demo=demo)
-    raise typer.Exit(run_job_flow(cfg, opts))
+    raise typer.Exit(run_job_flow(configure_counted(argv, launch, opts, demo=demo), opts))
 
 
 @options(LAUNCH, RUN_LAUNCH, into="launch", mode=LaunchMode.SINGLE, rerun=True)
@@ -48,10 +48,9 @@ def run(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) 
     """The same preflight for any command (an inference server, a notebook), then run and supervise it.
 
     A restarted container starts it again (services are not "finished" like a training job)."""
-    from podguard.cli.job import run_job_flow
+    from podguard.cli.job import configure_counted, run_job_flow
 
-    cfg = configure(list(command or []), launch, grace_s=opts.grace_s)
-    raise typer.Exit(run_job_flow(cfg, opts))
+    raise typer.Exit(run_job_flow(configure_counted(list(command or []), launch, opts), opts))
 
 
 @options(PREFLIGHT, ("gpu_list", "grace_s", "state_dir"), into="opts", command="sweep")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from podguard.cli.params import PREFLIGHT, Json, options
+from podguard.cli.options import PREFLIGHT
+from podguard.cli.params import Json, options
 from podguard.errors import ExitCode
 from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
 

@@ -1,8 +1,6 @@
-"""Command-line parameters, each declared once: flag, environment variables, type and bounds, help.
+"""How an option table becomes Typer parameters, and the parsed values one record handed to the command.
 
-A command names the groups it takes and receives them as records, never as loose locals:
-
-    @options(PREFLIGHT, ("gpu_list", "probe"), into="opts", command="health")
+    @options(PREFLIGHT, ("gpu_list", "probe"), into="opts", command="health")   # tables: cli/options.py
     def health(opts: PreflightOptions, as_json: Json = False) -> None: ...
 
 Defaults come from the record's dataclass (`PreflightOptions`, `LaunchOptions`), so they live in one place.
@@ -16,18 +14,28 @@ import inspect
 import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
-from pathlib import Path
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from podguard.errors import UsageError
-from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
-from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
 from podguard.preflight.selection import parse_count
 
-__all__ = ["LAUNCH", "PREFLIGHT", "Command", "Group", "Json", "Param", "options", "parse_int", "parse_seconds"]
+__all__ = [
+    "Command",
+    "Group",
+    "Json",
+    "Param",
+    "choice",
+    "count",
+    "options",
+    "parse_int",
+    "parse_seconds",
+    "seconds",
+    "whole",
+    "words",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,19 +74,19 @@ def parse_int(raw: Any, name: str, minimum: int = 0, maximum: int | None = None)
     return value
 
 
-def _seconds(name: str) -> Callable[[Any], float]:
+def seconds(name: str) -> Callable[[Any], float]:
     return lambda raw: parse_seconds(raw, name)
 
 
-def _whole(name: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
+def whole(name: str, minimum: int = 0, maximum: int | None = None) -> Callable[[Any], int]:
     return lambda raw: parse_int(raw, name, minimum, maximum)
 
 
-def _count(name: str, minimum: int) -> Callable[[Any], int | None]:
+def count(name: str, minimum: int) -> Callable[[Any], int | None]:
     return lambda raw: parse_count(raw, name, minimum=minimum)
 
 
-def _choice(enum: type[Any], name: str) -> Callable[[Any], Any]:
+def choice(enum: type[Any], name: str) -> Callable[[Any], Any]:
     def parse(raw: Any) -> Any:
         text = str(raw).strip().lower()
         try:
@@ -90,7 +98,7 @@ def _choice(enum: type[Any], name: str) -> Callable[[Any], Any]:
     return parse
 
 
-def _words(values: Sequence[str] | None) -> tuple[str, ...]:
+def words(values: Sequence[str] | None) -> tuple[str, ...]:
     """Repeated options and comma/space separated environment values alike."""
     return tuple(v for value in values or () for v in value.replace(",", " ").split() if v)
 
@@ -106,6 +114,7 @@ class Group:
 
     record: type[Any]
     params: Mapping[str, Param]
+    from_env: Mapping[str, str] = field(default_factory=dict)  # record fields read as is: name -> variable
 
 
 @dataclass(frozen=True)
@@ -128,252 +137,6 @@ class Param:
         return Annotated[self.type, info]
 
 
-PREFLIGHT = Group(
-    PreflightOptions,
-    {
-        "gpu_list": Param(
-            ("--gpu-list",),
-            "GPUs to use: NVML indices or UUIDs, e.g. 0,1,2,3. Default: CUDA_VISIBLE_DEVICES, else all.",
-            ("PODGUARD_GPU_LIST", "GPU_LIST"),
-        ),
-        "nproc_per_node": Param(
-            ("--nproc-per-node",),
-            "Use this many GPUs (caps the selection; more than selected fails unless --on-fewer-gpus continue).",
-            ("PODGUARD_NPROC_PER_NODE", "NPROC_PER_NODE"),
-            parse=_count("NPROC_PER_NODE", 1),
-            metavar="N",
-        ),
-        "expect_gpus": Param(
-            ("--expect-gpus",),
-            "GPUs this node should have (default: RUNPOD_GPU_COUNT).",
-            ("PODGUARD_EXPECT_GPUS", "RUNPOD_GPU_COUNT"),
-            parse=_count("expect-gpus", 0),
-            metavar="N",
-        ),
-        "on_fewer": Param(
-            ("--on-fewer-gpus",),
-            "fail (exit 69) or continue (loudly) when fewer GPUs than expected.",
-            ("PODGUARD_ON_FEWER_GPUS",),
-            type=str,
-            parse=_choice(OnFewer, "on-fewer-gpus"),
-            metavar="fail|continue",
-        ),
-        "require_gpu": Param(
-            ("--require-gpu/--allow-cpu",), "No GPU at all is an error (69) instead of a CPU fallback.", type=bool
-        ),
-        "cleanup": Param(
-            ("--cleanup/--no-cleanup",),
-            "Stop leftover processes that hold the selected GPUs before starting.",
-            type=bool,
-        ),
-        "dry_run": Param(("--dry-run",), "Report what would be stopped; kill nothing.", type=bool),
-        "busy_timeout_s": Param(
-            ("--busy-timeout",),
-            "Seconds to wait for busy GPUs to become free before giving up (exit 75).",
-            ("PODGUARD_BUSY_TIMEOUT",),
-            type=str,
-            parse=_seconds("--busy-timeout"),
-            metavar="SECONDS",
-        ),
-        "grace_s": Param(
-            ("--grace",),
-            "Seconds between SIGTERM and SIGKILL when stopping processes.",
-            ("PODGUARD_GRACE",),
-            type=str,
-            parse=_seconds("--grace"),
-            metavar="SECONDS",
-        ),
-        "protect": Param(
-            ("--protect",),
-            "Process name never to stop (repeatable; added to sshd, jupyter, nginx, ...).",
-            type=list[str] | None,
-            parse=_words,
-            metavar="NAME",
-        ),
-        "kill_patterns": Param(
-            ("--kill-pattern",),
-            "Launcher name (e.g. sglang, torchrun) whose job tree is stopped when one of its processes holds a GPU.",
-            ("PODGUARD_KILL_PATTERN",),
-            type=list[str] | None,
-            parse=_words,
-            metavar="NAME",
-        ),
-        "idle_memory_mib": Param(
-            ("--idle-memory-mib",),
-            "GPU memory in use at or below this, with no process, counts as idle.",
-            type=str,
-            parse=_whole("--idle-memory-mib"),
-            metavar="MIB",
-        ),
-        "probe": Param(
-            ("--probe",),
-            "Health probe: cuda (a child allocates and runs a matmul on each GPU), off (NVML only), auto.",
-            type=str,
-            parse=_choice(ProbeMode, "PODGUARD_PROBE"),
-            metavar="auto|cuda|off",
-        ),
-        "probe_cmd": Param(
-            ("--probe-cmd",), "Your own probe program, run per GPU with only that GPU visible (exit 0 = healthy)."
-        ),
-        "probe_timeout_s": Param(
-            ("--probe-timeout",),
-            "Seconds before a hung probe is killed and its GPU marked unhealthy.",
-            ("PODGUARD_PROBE_TIMEOUT",),
-            type=str,
-            parse=_seconds("--probe-timeout"),
-            metavar="SECONDS",
-        ),
-        "max_temperature_margin_c": Param(
-            ("--temperature-margin",),
-            "Warn when a GPU is within this many degrees C of its slowdown temperature.",
-            ("PODGUARD_TEMPERATURE_MARGIN",),
-            type=str,
-            parse=_whole("--temperature-margin"),
-            metavar="DEGREES",
-        ),
-        "fail_on_warnings": Param(
-            ("--fail-on-warnings",),
-            "Treat gate warnings (slowdown, temperature, PCIe width, ECC off) as failures (76).",
-            type=bool,
-        ),
-        "wait_for_gpus": Param(
-            ("--wait-for-gpus",),
-            "Wait (up to --busy-timeout) for GPUs leased by another podguard run instead of refusing (75).",
-            type=bool,
-            panel=LAUNCH_PANEL,
-        ),
-        "state_dir": Param(
-            ("--state-dir",),
-            "Where reports, logs, locks and leases live (default /workspace/.podguard when /workspace exists).",
-            type=Path | None,
-            panel=None,
-        ),
-        "dev_dir": Param(
-            ("--dev-dir",), "Where the NVIDIA device files are looked for when finding GPU holders.", type=Path
-        ),
-    },
-)
-
-LAUNCH = Group(
-    LaunchOptions,
-    {
-        "mode": Param(
-            ("--mode",),
-            "auto, single (one process, all selected GPUs), per-gpu (one process per GPU), torchrun, "
-            "roles (a --job-file splits GPUs between roles).",
-            type=str,
-            parse=_choice(LaunchMode, "--mode"),
-            metavar="auto|single|per-gpu|torchrun|roles",
-            panel=LAUNCH_PANEL,
-        ),
-        "only_gpu": Param(
-            ("--only-gpu",),
-            "Show only this GPU's (or rank's) lines on the terminal; every line still goes to the log files.",
-            parse=lambda raw: None if raw in (None, "") else _gpu_index(raw),
-            metavar="GPU",
-            panel=LAUNCH_PANEL,
-        ),
-        "prefix": Param(
-            ("--prefix",),
-            "Per-line prefix of per-gpu workers (default 'GPU{gpu}:', 'CPU{rank}:' without GPUs); fields: gpu, "
-            "rank, local_rank, name.",
-            panel=LAUNCH_PANEL,
-        ),
-        "on_exit": Param(
-            ("--on-exit",),
-            "After the job: exit (with its code), idle (keep the container alive), stop-pod (stop this RunPod pod).",
-            type=str,
-            parse=_choice(OnExit, "--on-exit"),
-            metavar="exit|idle|stop-pod",
-            panel=LAUNCH_PANEL,
-        ),
-        "rerun": Param(
-            ("--rerun",),
-            "Run again after a container restart even though the job already finished successfully.",
-            type=bool,
-            panel=LAUNCH_PANEL,
-        ),
-        "prepare": Param(
-            ("--prepare",),
-            "A command run once before any worker starts (cached by --cache-key; it writes to $PODGUARD_PREPARE_DIR, "
-            "which workers also get).",
-            panel=LAUNCH_PANEL,
-        ),
-        "cache_key": Param(
-            ("--cache-key",),
-            "KEY=VALUE that identifies the prepared data (model, dataset, context length, samples...); repeatable.",
-            type=list[str] | None,
-            parse=lambda values: tuple(values or ()),
-            panel=LAUNCH_PANEL,
-        ),
-        "prepare_shared": Param(
-            ("--prepare-shared",),
-            "The prepare cache is on storage shared by all nodes: only node 0 prepares.",
-            type=bool,
-            panel=LAUNCH_PANEL,
-        ),
-        "job_file": Param(("--job-file",), "Roles job file (TOML).", type=Path | None, panel=LAUNCH_PANEL),
-        "cpu_workers": Param(
-            ("--cpu-workers",),
-            "Workers to start on a node without GPUs (per-gpu and torchrun modes; the demo defaults to 2).",
-            parse=_count("--cpu-workers", 1),
-            metavar="N",
-            panel=LAUNCH_PANEL,
-        ),
-        "nnodes": Param(
-            ("--nnodes",),
-            "Nodes in a multi-node torchrun job (default NUM_NODES).",
-            ("PODGUARD_NNODES", "NUM_NODES"),
-            parse=_count("--nnodes/NUM_NODES", 1),
-            metavar="N",
-            panel=LAUNCH_PANEL,
-        ),
-        "node_rank": Param(
-            ("--node-rank",),
-            "This node's rank (default NODE_RANK).",
-            ("PODGUARD_NODE_RANK", "NODE_RANK"),
-            parse=_count("--node-rank/NODE_RANK", 0),
-            metavar="N",
-            panel=LAUNCH_PANEL,
-        ),
-        "master_addr": Param(
-            ("--master-addr",),
-            "Rendezvous host (default PRIMARY_ADDR / MASTER_ADDR).",
-            ("PODGUARD_MASTER_ADDR", "PRIMARY_ADDR", "MASTER_ADDR"),
-            parse=lambda raw: raw or None,
-            panel=LAUNCH_PANEL,
-        ),
-        "master_port": Param(
-            ("--master-port",),
-            "Rendezvous port (default: a free port distinct from other podguard runs).",
-            ("PODGUARD_MASTER_PORT", "PRIMARY_PORT", "MASTER_PORT"),
-            parse=lambda raw: None if raw in (None, "") else _port(raw),
-            panel=LAUNCH_PANEL,
-        ),
-        "max_restarts": Param(
-            ("--max-restarts",),
-            "torchrun mode: worker group restarts before failing.",
-            type=str,
-            parse=_whole("--max-restarts"),
-            metavar="N",
-            panel=LAUNCH_PANEL,
-        ),
-    },
-)
-
-
-def _gpu_index(raw: Any) -> int:
-    text = str(raw).strip()
-    if not text.isdigit():
-        raise UsageError(f"--only-gpu={raw!r} is not valid; expected a GPU index such as 2")
-    return int(text)
-
-
-def _port(raw: Any) -> int:
-    return parse_int(raw, "MASTER_PORT", 1, 65535)
-
-
-# --------------------------------------------------------------------------------------------------
 # the decorator
 # --------------------------------------------------------------------------------------------------
 
@@ -449,7 +212,7 @@ def build_record(group: Group, values: Mapping[str, Any], fixed: Mapping[str, An
     for name, raw in values.items():
         parse = group.params[name].parse
         kwargs[name] = parse(raw) if parse is not None else raw
-    if record is PreflightOptions:
-        kwargs.setdefault("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    for name, variable in group.from_env.items():
+        kwargs.setdefault(name, os.environ.get(variable))
     kwargs.update(fixed)
     return record(**kwargs)

@@ -11,10 +11,11 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from podguard.errors import PodguardError, UsageError
+from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.rank import NanGuard, NonFiniteError, RankContext, build_config, init_rank, log_memory, serialized
 from podguard.rank._env import current_rank, emit
 from podguard.rank.config import NAN_POLICIES, PRESETS, TrainConfig
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = init_rank(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback)
         return _train(ctx, config, args, inject, started)
     except NonFiniteError:
-        return 1  # the guard has printed why, on every rank, and written its dump
+        return ExitCode.FAILURE  # the guard has printed why, on every rank, and written its dump
     except PodguardError as exc:
         emit(f"[rank {rank}] ERROR: {exc.message}")
         return exc.code
@@ -109,33 +110,67 @@ def main(argv: list[str] | None = None) -> int:
             ctx.shutdown()  # after _train returned: the DDP model it built is garbage by now
 
 
+@dataclass
+class _Run:
+    """What the phases of one training run share."""
+
+    ctx: RankContext
+    config: TrainConfig
+    args: argparse.Namespace
+    inject: set[int]
+    started: float
+    device: Any = None
+    x: Any = None  # this rank's shard of the dataset
+    y: Any = None
+    prepared_by: str = ""
+
+    @property
+    def inject_rank(self) -> int:
+        return self.ctx.world_size - 1 if self.args.inject_nan_rank is None else self.args.inject_nan_rank
+
+
 def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inject: set[int], started: float) -> int:
     import torch
-    import torch.nn.functional as F
 
-    from podguard.demo import data as demo_data
-    from podguard.demo.model import DemoNet
-    from podguard.launch.prepare import prepare_once
+    run = _Run(ctx, config, args, inject, started, device=torch.device(ctx.device))
+    _limit_cpu_threads(ctx)
+    _banner(run)
+    _load_data(run)
+    model, guard = _build_model(run)
+    train_s, last_loss = _train_loop(run, model, guard)
+    _summary(run, model, guard, train_s, last_loss)
+    return ExitCode.OK
 
-    rank, world = ctx.rank, ctx.world_size
+
+def _limit_cpu_threads(ctx: RankContext) -> None:
+    """CPU ranks on one host share its cores: without this, each takes them all and they thrash."""
+    import torch
+
     if not ctx.is_cuda and "OMP_NUM_THREADS" not in os.environ:
-        # CPU ranks on one host share its cores: without this, each takes them all and they thrash.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    device = torch.device(ctx.device)
-    inject_rank = world - 1 if args.inject_nan_rank is None else args.inject_nan_rank
+
+
+def _banner(run: _Run) -> None:
+    config, ctx = run.config, run.ctx
     if ctx.is_main:
         emit(
             f"[demo] preset={config.preset} steps={config.steps} batch={config.batch_size}/rank "
-            f"(global {config.batch_size * world}) model=residual MLP {config.layers}x{config.hidden} "
-            f"dataset={config.samples}x{config.input_dim} classes={config.classes} ranks={world} "
-            f"device={device.type} backend={ctx.backend}"
-            + (f" inject_nan_at={sorted(inject)} on rank {inject_rank}" if inject else "")
+            f"(global {config.batch_size * ctx.world_size}) model=residual MLP {config.layers}x{config.hidden} "
+            f"dataset={config.samples}x{config.input_dim} classes={config.classes} ranks={ctx.world_size} "
+            f"device={run.device.type} backend={ctx.backend}"
+            + (f" inject_nan_at={sorted(run.inject)} on rank {run.inject_rank}" if run.inject else "")
         )
 
-    # --- data: prepared once per node (ranks wait on the prepare lock instead of racing) ---------------
+
+def _load_data(run: _Run) -> None:
+    """The dataset, prepared once per node (ranks wait on the prepare lock instead of racing); this rank's shard."""
+    from podguard.demo import data as demo_data
+    from podguard.launch.prepare import prepare_once
+
+    config, rank, world = run.config, run.ctx.rank, run.ctx.world_size
     spec = demo_data.SyntheticDataset(config.samples, config.input_dim, config.classes, config.seed)
-    cache_root = Path(args.cache_dir) if args.cache_dir else _state_subdir("cache")
+    cache_root = Path(run.args.cache_dir) if run.args.cache_dir else _state_subdir("cache")
     prepared = prepare_once(
         spec, cache_root=cache_root, key_parts=spec.key_parts(), progress=lambda line: emit(f"[rank {rank}] {line}")
     )
@@ -144,36 +179,49 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
         f"{prepared.path} waited {prepared.waited_s:.2f}s ran {prepared.run_s:.2f}s"
     )
     x_all, y_all = demo_data.load(prepared.path)
-    x = x_all[rank::world].to(device)  # this rank's shard
-    y = y_all[rank::world].to(device)
-    if len(x) == 0:  # more ranks than samples: share the whole set
-        x, y = x_all.to(device), y_all.to(device)
+    run.x, run.y = x_all[rank::world].to(run.device), y_all[rank::world].to(run.device)
+    if len(run.x) == 0:  # more ranks than samples: share the whole set
+        run.x, run.y = x_all.to(run.device), y_all.to(run.device)
+    run.prepared_by = prepared.prepared_by
 
-    # --- model -------------------------------------------------------------------------------------------
+
+def _build_model(run: _Run) -> tuple[Any, NanGuard]:
+    import torch
+
+    from podguard.demo.model import DemoNet
+
+    config, ctx = run.config, run.ctx
     torch.manual_seed(config.seed)  # same init everywhere (DDP also broadcasts rank 0's weights)
-    model: Any = DemoNet(config.input_dim, config.hidden, config.layers, config.classes).to(device)
+    model: Any = DemoNet(config.input_dim, config.hidden, config.layers, config.classes).to(run.device)
     params = sum(p.numel() for p in model.parameters())
     if ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, device_ids=[device.index] if ctx.is_cuda else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        model = DistributedDataParallel(model, device_ids=[run.device.index] if ctx.is_cuda else None)
     guard = NanGuard(
-        model, max_consecutive=config.nan_max_consecutive, policy=config.nan_policy, dump_dir=args.dump_dir
+        model, max_consecutive=config.nan_max_consecutive, policy=config.nan_policy, dump_dir=run.args.dump_dir
     )
     log_memory("POST-MODEL")
     if ctx.is_main:
         emit(f"[demo] model has {params:,} parameters; training")
+    return model, guard
 
-    # --- train -------------------------------------------------------------------------------------------
+
+def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
+    """The steps, with a progress line every `log_every`; (training seconds, last logged loss)."""
+    import torch
+    import torch.nn.functional as F
+
+    config, rank = run.config, run.ctx.rank
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     gen = torch.Generator().manual_seed(config.seed * 7919 + rank)  # batch sampling: different per rank
     train_started = time.monotonic()
     last_loss = float("nan")
-    global_batch = config.batch_size * world
+    global_batch = config.batch_size * run.ctx.world_size
     for step in range(1, config.steps + 1):
-        idx = torch.randint(len(x), (config.batch_size,), generator=gen).to(device)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        if step in inject and rank == inject_rank:
+        idx = torch.randint(len(run.x), (config.batch_size,), generator=gen).to(run.device)
+        loss = F.cross_entropy(model(run.x[idx]), run.y[idx])
+        if step in run.inject and rank == run.inject_rank:
             loss = loss * float("nan")
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -189,32 +237,37 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
                 f"[rank {rank}] step {step}/{config.steps} loss {last_loss:.4f} | {rate:,.0f} samples/s | "
                 f"ETA {_clock(eta)} | skipped {len(guard.skipped_steps)}"
             )
-    if ctx.is_cuda:
-        torch.cuda.synchronize(device)
-    train_s = time.monotonic() - train_started
+    if run.ctx.is_cuda:
+        torch.cuda.synchronize(run.device)
+    return time.monotonic() - train_started, last_loss
 
-    # --- summary: averaged over ranks, printed by rank 0 ------------------------------------------------
+
+def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: float) -> None:
+    """Loss and accuracy averaged over ranks, printed by rank 0."""
+    import torch
+
+    ctx, config = run.ctx, run.config
     model.eval()
     with torch.no_grad():
-        probe = min(len(x), 4096)
-        accuracy = (model(x[:probe]).argmax(dim=1) == y[:probe]).float().mean()
-    stats = torch.tensor([last_loss, float(accuracy)], dtype=torch.float64, device=device)
+        probe = min(len(run.x), 4096)
+        accuracy = (model(run.x[:probe]).argmax(dim=1) == run.y[:probe]).float().mean()
+    stats = torch.tensor([last_loss, float(accuracy)], dtype=torch.float64, device=run.device)
     if ctx.distributed:
         import torch.distributed as dist
 
         dist.all_reduce(stats)
-        stats /= world
+        stats /= ctx.world_size
     log_memory("END")
     if ctx.is_main:
         final_loss, final_acc = stats.tolist()
+        global_batch = config.batch_size * ctx.world_size
         emit(
             f"[demo] DONE steps={config.steps} final_loss={final_loss:.4f} accuracy={final_acc * 100:.1f}% "
-            f"time={time.monotonic() - started:.1f}s (train {train_s:.1f}s) "
+            f"time={time.monotonic() - run.started:.1f}s (train {train_s:.1f}s) "
             f"samples/s={global_batch * config.steps / train_s:,.0f} skipped={len(guard.skipped_steps)} "
-            f"ranks={world} device={device.type} backend={ctx.backend} "
-            f"dataset={_DATA_ORIGIN.get(prepared.prepared_by, prepared.prepared_by)}"
+            f"ranks={ctx.world_size} device={run.device.type} backend={ctx.backend} "
+            f"dataset={_DATA_ORIGIN.get(run.prepared_by, run.prepared_by)}"
         )
-    return 0
 
 
 _DATA_ORIGIN = {

@@ -1,20 +1,37 @@
 """The accelerator backend: a small Protocol and the frozen records it returns.
 
-Modelled on Meta GCM's accelerator backend: everything above this layer (selection, cleanup, the health
-gate, doctor) talks to a `GpuBackend`, never to NVML directly, so tests can inject fakes and the NVML
-implementation stays one file. Conventions:
+    backend = open_backend()          # podguard.gpu.factory; None on a CPU-only node
+    snap = backend.snapshot(0)        # GpuSnapshot: memory in bytes, None = "n/a"
+    backend.processes(0, mig="MIG-...")  # GpuQueryError when NVML cannot tell
 
-* A value the GPU or driver cannot report is `None` ("n/a" when printed), never an exception.
-* Memory is in bytes. Temperatures in degrees C. Indices are NVML indices (PCI bus order).
-* Nothing here may create a CUDA context: NVML only.
+Everything above this layer talks to a `GpuBackend`, never to NVML (docs/gate.md, "Backend").
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from podguard.records import Record
+
+__all__ = [
+    "CLOCK_EVENT_BITS",
+    "NVML_FAILURE_ADVICE",
+    "ComputeMode",
+    "DriverInfo",
+    "EccState",
+    "GpuBackend",
+    "GpuProcess",
+    "GpuQueryError",
+    "GpuSnapshot",
+    "MigDevice",
+    "NvmlFailure",
+    "NvmlUnavailable",
+    "XidEvent",
+    "decode_clock_events",
+]
 
 
 class NvmlFailure(StrEnum):
@@ -56,6 +73,18 @@ class NvmlUnavailable(Exception):
         return f"{advice} ({self.detail})" if self.detail else advice
 
 
+class GpuQueryError(Exception):
+    """NVML could not answer a query whose answer matters (a process list): the state is unknown, not empty.
+
+    `code` is the NVML error name (NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST, ...)."""
+
+    def __init__(self, what: str, code: str, detail: str = "") -> None:
+        self.what = what
+        self.code = code
+        self.detail = detail
+        super().__init__(f"{what}: NVML answered {code}" + (f" ({detail})" if detail else ""))
+
+
 class ComputeMode(StrEnum):
     DEFAULT = "default"
     EXCLUSIVE_THREAD = "exclusive_thread"
@@ -77,6 +106,7 @@ class GpuProcess:
     pid: int
     used_memory: int | None
     kind: str  # "compute" or "graphics"
+    mig: str | None = None  # the MIG device it runs on, when it was listed per MIG device
 
 
 @dataclass(frozen=True)
@@ -99,10 +129,14 @@ class MigDevice:
     uuid: str  # "MIG-..." as CUDA_VISIBLE_DEVICES takes it
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    unknown: tuple[str, ...] = ()  # what NVML could not answer for this MIG device (see GpuSnapshot.unknown)
 
 
 @dataclass(frozen=True)
-class GpuSnapshot:
+class GpuSnapshot(Record):
     """Everything podguard knows about one GPU at one moment."""
 
     index: int
@@ -131,11 +165,9 @@ class GpuSnapshot:
     recovery_action: str | None = None  # None / "none" / "reset" / "reboot" / "drain_p2p" ...
     lost: bool = False  # NVML said GPU_IS_LOST for this device
     errors: tuple[str, ...] = ()  # queries that failed unexpectedly (not merely unsupported)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["compute_mode"] = self.compute_mode.value if self.compute_mode else None
-        return data
+    # Memory or process queries NVML could not answer ("processes: NO_PERMISSION"): the GPU's state is
+    # unknown, not idle (a MIG parent in an unprivileged container answers so; its MIG devices may not).
+    unknown: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,12 +212,14 @@ class GpuBackend(Protocol):
         """Full state of one GPU. Never raises for an unsupported field; a lost GPU gives `lost=True`."""
         ...
 
-    def memory_used(self, index: int) -> int | None:
-        """Cheap poll used while waiting for memory to come back after a cleanup."""
+    def memory_used(self, index: int, mig: str | None = None) -> int | None:
+        """Cheap poll used while waiting for memory to come back after a cleanup (of one MIG device of the
+        GPU when `mig` names it); None when NVML cannot tell (unknown, never "free")."""
         ...
 
-    def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """Compute and graphics processes with a context on this GPU (cheap poll)."""
+    def processes(self, index: int, mig: str | None = None) -> tuple[GpuProcess, ...]:
+        """Compute and graphics processes with a context on this GPU (or on its MIG device `mig`), a cheap
+        poll. Raises `GpuQueryError` when the list cannot be read: an unreadable list is not an empty one."""
         ...
 
     def watch_xid(self, indices: list[int], timeout_s: float, stop: threading.Event | None = None) -> list[XidEvent]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from podguard.gpu.backend import GpuBackend, NvmlFailure, NvmlUnavailable
 
+__all__ = ["open_backend"]
+
 
 def open_backend() -> GpuBackend | None:
     """The NVML backend, or None on a node without an NVIDIA driver library (a CPU-only pod).

@@ -54,6 +54,7 @@ class LaunchOptions:
     master_addr: str | None = None
     master_port: int | None = None
     max_restarts: int = 0
+    rdzv_backend: str = "auto"  # torchrun: auto (static when NODE_RANK is known), static, c10d
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,13 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
     """Check the options against each other and the environment; UsageError (exit 64) on the first problem."""
     mode = _resolve_mode(argv, opts, demo)
     if opts.prefix is not None:
-        from podguard.launch.modes import PREFIX_FIELDS, check_format
+        from podguard.launch.prefix import PREFIX_FIELDS, check_format
 
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
     if opts.on_exit is OnExit.STOP_POD:
-        raise UsageError(
-            "--on-exit=stop-pod needs the RunPod integration, which is not available yet; use exit or idle"
-        )
+        from podguard.pods.selfheal import check_stop_pod
+
+        check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key, or exit 64 before anything runs
     prepare_argv, cache_key = _prepare(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
     _check_nodes(cfg)

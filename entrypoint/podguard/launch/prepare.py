@@ -1,50 +1,65 @@
 """Prepare once: run a data/tokenizer preparation step once per cache key, never twice, never half.
 
-Seed: "dataset is prepared once before multi-GPU training starts", done by every rank at once (eight
-copies racing to write the same files) or behind an "if exists" check that a killed run defeats (a
-half-written directory looks prepared). Here:
+    result = prepare_once(["python", "prep.py"], cache_root=state / "prepare", key_parts={"dataset": "gsm8k"})
+    result.path  # <cache_root>/<key>/, complete (its stamp says so); the command wrote it via $PODGUARD_PREPARE_DIR
 
-* the cache key is a hash of what the user declares the result depends on (model/tokenizer, dataset,
-  context length, sample count, any values) plus the command itself;
-* the result is produced in a temp dir next to `<cache_root>/<key>/`, renamed into place atomically,
-  and the stamp file is written last (atomically too): a stamp means "complete", nothing else does;
-* a matching stamp skips the step; concurrent runs wait on an `flock` (kernel-released, so a killed
-  preparer never blocks the next one) and then find the stamp instead of repeating the work;
-* a killed prepare leaves no stamp; the next run removes its temp dir and half-renamed result;
-* multi-node: with the cache on shared storage only node 0 prepares and the other nodes wait for its
-  stamp (with a timeout and progress lines); otherwise every node prepares its own copy.
-
-The command gets `PODGUARD_PREPARE_DIR` (where to write) and `PODGUARD_PREPARE_KEY` in its env; a Python
-callable gets the directory as its argument.
+The step runs in a host-unique temp folder that gets its stamp and is then renamed into place: the rename
+is the commit, so a result is whole or absent, also between pods sharing a network volume. Why each
+piece is there (locks on NFS, stale temps, multi-node): docs/lifecycle.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import fcntl
+import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.launch.prepare_stale import TMP_PREFIX, clean_stale
+from podguard.locks import NoFlock, host_id, local_lock_dir, open_lock, try_flock, unique_suffix
+from podguard.redact import redact_command, redact_env
+from podguard.state import write_private
+
+__all__ = [
+    "ENV_PREPARE_DIR",
+    "ENV_PREPARE_KEY",
+    "STAMP_NAME",
+    "PrepareError",
+    "PrepareResult",
+    "PreparedBy",
+    "cache_key",
+    "prepare_once",
+]
 
 ENV_PREPARE_DIR = "PODGUARD_PREPARE_DIR"
 ENV_PREPARE_KEY = "PODGUARD_PREPARE_KEY"
 STAMP_NAME = ".podguard-prepared.json"
-_TMP_PREFIX = ".tmp-"
 _KEY_VERSION = 1  # bump when the key's recipe changes, so old caches are not mistaken for new ones
 
 Command = Sequence[str] | Callable[[Path], Any]
 Progress = Callable[[str], None]
+
+
+class PreparedBy(StrEnum):
+    THIS_PROCESS = "this process"
+    ANOTHER_PROCESS = "another process"  # on this host: we waited for its lock
+    ANOTHER_HOST = "another host"  # a pod on the same volume published it first
+    CACHE = "cache"
+    NODE0 = "node 0"
 
 
 class PrepareError(PodguardError):
@@ -56,7 +71,7 @@ class PrepareResult:
     key: str
     path: Path  # <cache_root>/<key>: the prepared data
     cache_hit: bool  # True: nothing was run by this call
-    prepared_by: str  # "this process", "another process" (waited for it), "cache", "node 0"
+    prepared_by: PreparedBy
     waited_s: float  # time spent waiting for a lock or for another node
     run_s: float  # time the command ran in this call (0 on a hit)
     total_s: float
@@ -88,7 +103,7 @@ def prepare_once(
     shared_storage/node_rank: when the cache is shared between nodes, only node 0 (NODE_RANK/GROUP_RANK
     from the env by default) prepares; other nodes wait up to wait_timeout_s for its stamp.
     Raises UsageError (64) for bad arguments, PrepareError with the command's exit code when it fails,
-    or with 75 when waiting for node 0 times out.
+    or with 75 when waiting for node 0 or for a lock times out.
     """
     started = time.monotonic()
     say = progress or _default_progress
@@ -100,50 +115,146 @@ def prepare_once(
         raise UsageError(f"prepare cache root {str(root)!r} cannot be created ({exc.strerror})") from None
     key = cache_key(command, key_parts)
     final = root / key
-
     stamp = _read_stamp(final, key)
     if stamp is not None:
-        return PrepareResult(key, final, True, "cache", 0.0, 0.0, time.monotonic() - started, stamp)
-
+        return PrepareResult(key, final, True, PreparedBy.CACHE, 0.0, 0.0, time.monotonic() - started, stamp)
     node = _node_rank() if node_rank is None else node_rank
     if shared_storage and node != 0:
         return _wait_for_node0(key, final, started, say, wait_timeout_s, progress_every_s, node)
-
-    lock_path = root / f".{key}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    try:
-        waited = _lock(fd, key, say, progress_every_s, wait_timeout_s)
+    with _key_lock(root, key, say, progress_every_s, wait_timeout_s) as waited:
         stamp = _read_stamp(final, key)  # the process we waited for may have done it
         if stamp is not None:
             say(f"prepare {key}: done by another process while we waited {waited:.1f}s; using it")
-            return PrepareResult(key, final, True, "another process", waited, 0.0, time.monotonic() - started, stamp)
-        _clean_stale(root, key, final, say)
+            total = time.monotonic() - started
+            return PrepareResult(key, final, True, PreparedBy.ANOTHER_PROCESS, waited, 0.0, total, stamp)
+        clean_stale(root, key, say, has_stamp=lambda folder: _read_stamp(folder, key) is not None)
+        result = _prepare(command, key, key_parts, final, env, say)
+        return replace(result, waited_s=waited, total_s=time.monotonic() - started)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the run itself: temp folder, stamp, rename (the commit)
+
+
+def _prepare(
+    command: Command,
+    key: str,
+    key_parts: Mapping[str, Any],
+    final: Path,
+    env: Mapping[str, str] | None,
+    say: Progress,
+) -> PrepareResult:
+    tmp = final.with_name(f"{TMP_PREFIX}{key}-{unique_suffix()}")
+    tmp.mkdir()
+    try:
+        say(f"prepare {key}: running {_describe(command)} -> {final}")
         run_started = time.monotonic()
-        tmp = root / f"{_TMP_PREFIX}{key}-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            say(f"prepare {key}: running {_describe(command)} -> {final}")
-            _run(command, tmp, key, env)
-            run_s = time.monotonic() - run_started
-            os.rename(tmp, final)  # atomic: the result appears whole or not at all
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        _run(command, tmp, key, env)
+        run_s = time.monotonic() - run_started
         stamp = {
             "key": key,
             "key_version": _KEY_VERSION,
-            "key_parts": {k: str(v) for k, v in key_parts.items()},
+            "key_parts": redact_env({k: str(v) for k, v in key_parts.items()}),
             "command": _describe(command),
             "run_s": round(run_s, 3),
             "created_at": time.time(),
-            "host": os.uname().nodename,
+            "host": host_id(),
             "pid": os.getpid(),
         }
-        _write_stamp(final, stamp)  # last: only now is the result "prepared"
-        say(f"prepare {key}: done in {run_s:.2f}s")
-        return PrepareResult(key, final, False, "this process", waited, run_s, time.monotonic() - started, stamp)
+        write_private(tmp / STAMP_NAME, json.dumps(stamp, indent=2) + "\n")
+        _fsync_dir(tmp)
+        published = _publish(tmp, final, key)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if published is not None:  # another pod on the same volume was faster: use its result
+        shutil.rmtree(tmp, ignore_errors=True)
+        say(f"prepare {key}: another host published it first; using its result and dropping ours")
+        return PrepareResult(key, final, True, PreparedBy.ANOTHER_HOST, 0.0, run_s, 0.0, published)
+    say(f"prepare {key}: done in {run_s:.2f}s")
+    return PrepareResult(key, final, False, PreparedBy.THIS_PROCESS, 0.0, run_s, 0.0, stamp)
+
+
+def _publish(tmp: Path, final: Path, key: str) -> dict[str, Any] | None:
+    """Rename the stamped temp folder into place. None when it is ours now; the winner's stamp when
+    another host's result got there first (rename never replaces a non-empty folder)."""
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        stamp = _read_stamp(final, key)
+        if stamp is None:
+            raise PrepareError(
+                f"prepare {key}: {final} appeared without a stamp while this run prepared it; run again",
+                ExitCode.GPUS_BUSY,
+            ) from None
+        return stamp
+    _fsync_dir(final.parent)
+    return None
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
     finally:
-        os.close(fd)  # releases the flock
+        os.close(dfd)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the key's lock: host-local on volumes without flock; across pods the rename is what counts
+
+
+@contextlib.contextmanager
+def _key_lock(root: Path, key: str, say: Progress, every_s: float, timeout_s: float) -> Iterator[float]:
+    """Hold the key's flock (yields the seconds waited). On a volume that refuses flock (ENOLCK on NFS
+    without a lock daemon), lock in a host-local folder instead: processes of this host still take
+    turns, and pods sharing the volume are kept apart by the atomic publish."""
+    fd = open_lock(root / f".{key}.lock")
+    try:
+        try:
+            waited = _wait_lock(fd, key, say, every_s, timeout_s)
+        except NoFlock:
+            os.close(fd)
+            fd = -1
+            say(f"prepare {key}: {root} has no file locks (a network volume?); locking on this host only")
+            fd = open_lock(local_lock_dir("prepare") / f"{key}.lock")
+            waited = _wait_lock(fd, key, say, every_s, timeout_s)
+        yield waited
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the flock
+
+
+def _wait_lock(fd: int, key: str, say: Progress, every_s: float, timeout_s: float) -> float:
+    """Take the flock; while another process prepares, report progress now and then. Polls (short
+    capped backoff) rather than blocking in the kernel, so that the wait has a deadline."""
+    start = time.monotonic()
+    if try_flock(fd):
+        return 0.0
+    say(f"prepare {key}: another process is preparing it; waiting")
+    next_report = start + every_s
+    delay = 0.01
+    while not try_flock(fd):
+        now = time.monotonic()
+        if now - start >= timeout_s:
+            raise PrepareError(
+                f"prepare {key}: another process has been preparing it for {timeout_s:.0f}s (lock still held); "
+                "giving up waiting",
+                ExitCode.GPUS_BUSY,
+            )
+        if now >= next_report:
+            say(f"prepare {key}: still waiting for another process ({now - start:.0f}s)")
+            next_report = now + every_s
+        time.sleep(min(delay, max(0.0, start + timeout_s - now)))
+        delay = min(delay * 2, 0.2)
+    return time.monotonic() - start
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -156,7 +267,9 @@ def _validate(command: Command, key_parts: Mapping[str, Any], wait_timeout_s: fl
     elif isinstance(command, str | bytes) or not isinstance(command, Sequence):
         raise UsageError("prepare command must be an argument list (e.g. shlex.split(text)) or a callable")
     elif not command or not all(isinstance(a, str) for a in command) or not command[0].strip():
-        raise UsageError(f"prepare command {list(command)!r} is not valid; it must be a non-empty list of strings")
+        raise UsageError(
+            f"prepare command {redact_command(command)!r} is not valid; it must be a non-empty list of strings"
+        )
     if not isinstance(key_parts, Mapping):
         raise UsageError("prepare key_parts must be a mapping of name -> value (model, dataset, context length...)")
     for name, value in key_parts.items():
@@ -184,11 +297,8 @@ def _callable_name(command: Callable[..., Any]) -> str:
 
 
 def _describe(command: Command) -> str:
-    if callable(command):
-        return f"{_callable_name(command)}()"
-    import shlex
-
-    return shlex.join(command)
+    """How the command appears in progress lines and the stamp: secrets masked."""
+    return f"{_callable_name(command)}()" if callable(command) else redact_command(command)
 
 
 def _read_stamp(final: Path, key: str) -> dict[str, Any] | None:
@@ -198,73 +308,6 @@ def _read_stamp(final: Path, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("key") == key else None
-
-
-def _write_stamp(final: Path, stamp: Mapping[str, Any]) -> None:
-    """Write-then-rename and fsync, so the stamp is never seen half-written, and survives a crash."""
-    tmp = final / f"{STAMP_NAME}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(stamp, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final / STAMP_NAME)
-    for directory in (final, final.parent):
-        try:
-            dfd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
-
-
-def _lock(fd: int, key: str, say: Progress, every_s: float, timeout_s: float) -> float:
-    """Take the key's flock; while waiting (another process is preparing), report progress now and then.
-    Polls (short capped backoff) rather than blocking in the kernel so the wait has a deadline."""
-    start = time.monotonic()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return 0.0
-    except BlockingIOError:
-        pass
-    say(f"prepare {key}: another process is preparing it; waiting")
-    next_report = start + every_s
-    delay = 0.01
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return time.monotonic() - start
-        except BlockingIOError:
-            pass
-        now = time.monotonic()
-        if now - start >= timeout_s:
-            raise PrepareError(
-                f"prepare {key}: another process has been preparing it for {timeout_s:.0f}s (lock still held); "
-                "giving up waiting",
-                ExitCode.GPUS_BUSY,
-            )
-        if now >= next_report:
-            say(f"prepare {key}: still waiting for another process ({now - start:.0f}s)")
-            next_report = now + every_s
-        time.sleep(min(delay, max(0.0, start + timeout_s - now)))
-        delay = min(delay * 2, 0.2)
-
-
-def _clean_stale(root: Path, key: str, final: Path, say: Progress) -> None:
-    """Under the lock, anything for this key without a stamp is debris of a killed run: remove it."""
-    for leftover in root.glob(f"{_TMP_PREFIX}{key}-*"):
-        say(f"prepare {key}: removing {leftover.name} left by an interrupted run")
-        shutil.rmtree(leftover, ignore_errors=True)
-    if final.exists():
-        say(f"prepare {key}: removing {final} (no stamp: an interrupted run)")
-        if final.is_dir() and not final.is_symlink():
-            shutil.rmtree(final, ignore_errors=True)
-        else:
-            final.unlink(missing_ok=True)
 
 
 def _run(command: Command, tmp: Path, key: str, env: Mapping[str, str] | None) -> None:
@@ -281,16 +324,16 @@ def _run(command: Command, tmp: Path, key: str, env: Mapping[str, str] | None) -
             list(command), env=child_env, stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(parent)
         )
     except FileNotFoundError:
-        raise UsageError(f"prepare command not found: {command[0]!r}") from None
+        raise UsageError(f"prepare command not found: {shlex.quote(command[0])}") from None
     except PermissionError:
-        raise UsageError(f"prepare command is not executable: {command[0]!r}") from None
+        raise UsageError(f"prepare command is not executable: {shlex.quote(command[0])}") from None
     try:
         code = proc.wait()
     except BaseException:  # Ctrl-C / SIGTERM in us: the step must not go on writing without us
         _stop(proc)
         raise
     if code != 0:
-        exit_code = 128 - code if code < 0 else code
+        exit_code = signal_exit_code(-code) if code < 0 else code
         what = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         raise PrepareError(f"prepare command {_describe(command)} {what}; nothing was cached", exit_code)
 
@@ -325,12 +368,7 @@ def _wait_for_node0(
     deadline = started + timeout_s
     next_report = time.monotonic() + every_s
     delay = 0.02
-    while True:
-        stamp = _read_stamp(final, key)
-        if stamp is not None:
-            waited = time.monotonic() - started
-            say(f"prepare {key}: node 0 finished; waited {waited:.1f}s")
-            return PrepareResult(key, final, True, "node 0", waited, 0.0, waited, stamp)
+    while (stamp := _read_stamp(final, key)) is None:
         now = time.monotonic()
         if now >= deadline:
             raise PrepareError(
@@ -343,6 +381,9 @@ def _wait_for_node0(
             next_report = now + every_s
         time.sleep(max(0.0, min(delay, deadline - now)))
         delay = min(delay * 2, 0.5)
+    waited = time.monotonic() - started
+    say(f"prepare {key}: node 0 finished; waited {waited:.1f}s")
+    return PrepareResult(key, final, True, PreparedBy.NODE0, waited, 0.0, waited, stamp)
 
 
 def _node_rank() -> int:

@@ -1,57 +1,43 @@
 """The output multiplexer: every worker's pipe in, whole prefixed lines out.
 
-honcho's Printer, made fast and strict. Each worker has its own pipe (see `process.py`); the Printer
-reads whatever is available (non-blocking, up to 1 MiB at a time), keeps the bytes after the last
-line end as that worker's *pending* partial line, and turns the complete part into output with a few
-whole-buffer byte operations (`rfind`, `replace`) instead of a Python loop per line. The result for a
-batch of lines is appended to one output buffer that is written with one `write` per round of the
-event loop, so lines never interleave mid-line and podguard's own messages stay in order with them.
+    printer = Printer(sys.stdout, only={"GPU2"})
+    stream = printer.add("GPU2", worker.fd, prefix="GPU2:", log_path=logs / "GPU2.log")
+    printer.read(stream); printer.flush()          # in the supervisor's event loop
+    printer.tail("GPU2")                          # its last lines, for the failure summary
 
-Rules (what users see):
-
-* **Whole lines only.** A line is printed once its end arrives. A worker that dies mid-line still has
-  its partial last line printed (with a newline added) when its pipe reaches EOF: nothing is lost.
-* **Prefix** (`GPU0:` …) before every line on the terminal; the per-worker log file gets the same
-  lines without the prefix.
-* **`\\r` ends a line.** Progress bars (tqdm, pip) redraw with `\\r`. Kept raw, eight interleaved bars
-  overwrite each other and the next worker's line on a terminal, and a whole epoch of redraws becomes
-  one multi-megabyte "line" in `docker logs`. So `\\r` and `\\r\\n` both end a line (what Python's
-  universal newlines — and therefore torchrun's `--tee` — do too), and a redraw shows up as one
-  prefixed line per update. Empty `\\r` segments (tqdm starts every redraw with `\\r`) are dropped,
-  empty `\\n` lines are kept. A redraw is printed once the next one starts (that is when its end is
-  known), so a bar lags one update behind.
-* **Very long lines** are emitted in chunks of at most `LINE_CAP` (64 KiB) bytes: a chunk that is cut
-  ends with ` [podguard: line continues]` and the next chunk begins with `[podguard: continued] `.
-  Cuts fall on UTF-8 character boundaries. Nothing is dropped, and a worker that never writes a
-  newline cannot make podguard buffer without bound.
-* **Filter**: `only` names the workers whose lines go to the terminal (`--only-gpu 2` = the seed's
-  `grep "GPU2:"`); every worker's lines still go to its log file.
-* The last `tail_lines` lines of each worker are kept for the failure summary, from a bounded window
-  of its most recent output (`TAIL_BYTES`), so keeping them costs nothing per line.
-* Line watchers (`watch(name, fn)`, or `on_line` for every worker) get each line as `str` — this is
-  the only per-line Python work, paid only where someone listens (roles mode: "ready when this log
-  line appears").
+honcho's Printer, made fast and strict: whole lines only (a dying worker's partial line is kept), `\\r`
+ends a line, very long lines are cut in marked chunks, `only` filters the terminal (the log files get
+everything), each worker's last lines are kept for the summary. The rules and the fast paths:
+docs/supervisor.md. With `background=True` (the supervisor) the terminal and the log files are written
+from helper threads with bounded queues (`sinks.py`), so a slow sink never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import select
-import sys
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from itertools import repeat
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-LINE_CAP = 64 * 1024  # the longest chunk emitted as one line
+from podguard.launch.lines import (
+    CONT_END,
+    CONT_START,
+    LINE_CAP,
+    cut_long,
+    cut_long_lines,
+    may_have_long_line,
+    normalise_cr,
+)
+from podguard.launch.sinks import LogFile, LogSink, TerminalSink, open_log, write_all
+
+__all__ = ["CONT_END", "CONT_START", "LINE_CAP", "LineCallback", "Printer", "Stream", "wait_readable", "write_all"]
+
 READ_SIZE = 1 << 20  # matches the 1 MiB pipes made by process.py
 TAIL_BYTES = 32 * 1024  # window kept per worker for its last lines
-CONT_END = b" [podguard: line continues]"
-CONT_START = b"[podguard: continued] "
 
 LineCallback = Callable[[str, str], None]  # (worker name, line without its newline)
 
@@ -64,136 +50,13 @@ class Stream:
     fd: int | None  # None for streams fed by hand (tests, benchmarks)
     prefix: bytes
     visible: bool
-    log_fd: int | None = None
+    log: LogFile | None = None
     pending: bytes = b""  # bytes after the last line end: the partial line being written
     continued: bool = False  # `pending` is the rest of a line that was already cut at LINE_CAP
     window: bytes = b""  # the most recent <= TAIL_BYTES of normalised output, for tail()
     window_cut: bool = False  # the window dropped older output: its first line may be partial
     eof: bool = False
     watchers: list[LineCallback] = field(default_factory=list)
-
-
-class _Sink:
-    """Where the terminal side goes: a raw fd when there is one (fast path), else any .write(bytes)."""
-
-    def __init__(self, out: BinaryIO | TextIO | int | None) -> None:
-        self.fd: int | None = None
-        self.obj: BinaryIO | TextIO | None = None
-        self.text = False  # a text stream without a binary buffer (io.StringIO, captured stdout)
-        if out is None:
-            out = sys.stdout
-        if isinstance(out, int):
-            self.fd = out
-            return
-        with contextlib.suppress(Exception):
-            out.flush()  # whatever the caller printed before must come first
-        try:
-            self.fd = out.fileno()
-        except (AttributeError, OSError, ValueError):
-            buffer = getattr(out, "buffer", None)
-            self.obj = buffer if buffer is not None else out
-            self.text = buffer is None and isinstance(out, io.TextIOBase)
-
-    def write(self, data: bytes) -> None:
-        if self.fd is not None:
-            write_all(self.fd, data)
-        elif self.obj is not None:
-            self.obj.write(data.decode("utf-8", "replace") if self.text else data)  # type: ignore[arg-type]
-            with contextlib.suppress(Exception):
-                self.obj.flush()
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` to `fd`, across partial writes and a non-blocking fd."""
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:
-            poller = select.poll()
-            poller.register(fd, select.POLLOUT)
-            poller.poll(1000)
-            continue
-        except BrokenPipeError:
-            return  # the reader went away (e.g. `| head`): keep supervising, stop printing
-        view = view[n:]
-
-
-def _normalise_cr(data: bytes, line_start: bool) -> bytes:
-    """Make every '\\r' and '\\r\\n' end a line ('\\n'), dropping empty '\\r' segments.
-
-    Split on '\\r'; the separator put back between two pieces is '' when the next piece starts with
-    '\\n' (a '\\r\\n': that '\\n' is the line end, also for an empty line) or when the previous
-    piece ends an empty line (an empty '\\r' segment, e.g. tqdm's leading '\\r'), else '\\n'. The
-    per-piece tests run as C-level `map`s; two-byte `replace` passes or a Python loop per '\\r' cost
-    3-10x more on a megabyte of log lines.
-    """
-    parts = data.split(b"\r")
-    if len(parts) == 1:
-        return data
-    heads = parts[:-1]
-    seps = [
-        b"" if crlf or ends_line or not size else b"\n"
-        for crlf, ends_line, size in zip(
-            map(bytes.startswith, parts[1:], repeat(b"\n")),
-            map(bytes.endswith, heads, repeat(b"\n")),
-            map(len, heads),
-            strict=True,
-        )
-    ]
-    if not parts[0] and not line_start and not parts[1].startswith(b"\n"):
-        seps[0] = b"\n"  # the '\\r' ends a line whose start was already emitted (a cut long line)
-    out = [b""] * (2 * len(parts) - 1)
-    out[0::2] = parts
-    out[1::2] = seps
-    return b"".join(out)
-
-
-def _may_have_long_line(data: bytes) -> bool:
-    """False when every line in `data` is surely <= LINE_CAP: each half-cap block holds a newline."""
-    if len(data) <= LINE_CAP:
-        return False
-    half = LINE_CAP // 2
-    find = data.find
-    return any(find(b"\n", i, i + half) < 0 for i in range(0, len(data), half))
-
-
-def _cut_point(data: bytes, limit: int) -> int:
-    """A cut at or below `limit` that does not split a UTF-8 character."""
-    cut = limit
-    while cut > limit - 4 and cut < len(data) and (data[cut] & 0xC0) == 0x80:
-        cut -= 1
-    return cut if cut > limit - 4 else limit
-
-
-def _cut_long(line: bytes) -> list[bytes]:
-    """Split one line (without its newline) into marked chunks of at most LINE_CAP bytes."""
-    pieces: list[bytes] = []
-    room = LINE_CAP - len(CONT_END)
-    first = True
-    while True:
-        head = b"" if first else CONT_START
-        limit = room - len(head)
-        if len(line) <= LINE_CAP - len(head):
-            pieces.append(head + line)
-            return pieces
-        cut = _cut_point(line, limit)
-        pieces.append(head + line[:cut] + CONT_END)
-        line = line[cut:]
-        first = False
-
-
-def _cut_long_lines(data: bytes) -> bytes:
-    lines = data.split(b"\n")
-    last = lines.pop()  # b"" because data ends with a newline
-    out: list[bytes] = []
-    for line in lines:
-        if len(line) > LINE_CAP:
-            out.extend(_cut_long(line))
-        else:
-            out.append(line)
-    out.append(last)
-    return b"\n".join(out)
 
 
 class Printer:
@@ -206,28 +69,35 @@ class Printer:
         only: Collection[str] | None = None,
         on_line: LineCallback | None = None,
         tail_lines: int = 20,
+        background: bool = False,
+        on_drained: Callable[[], None] | None = None,
     ) -> None:
-        self._sink = _Sink(out)
+        self._term = TerminalSink(out, background=background, on_drained=on_drained)
+        self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None
         self._on_line = on_line
         self.tail_lines = tail_lines
         self.streams: dict[str, Stream] = {}
         self._by_fd: dict[int, Stream] = {}
         self._out: list[bytes] = []
+        self._log_out: list[tuple[LogFile, bytes]] = []
 
     # -- streams ------------------------------------------------------------------------------------
     def add(self, name: str, fd: int | None, *, prefix: str = "", log_path: Path | None = None) -> Stream:
-        """Register a worker's stream. The log file is opened for appending (created with its dirs)."""
-        log_fd = None
+        """Register a worker's stream. Its log file is opened for appending (created with its folders);
+        a log file that cannot be opened is reported once and the worker runs without it."""
+        log = None
         if log_path is not None:
-            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            try:
+                log = open_log(name, Path(log_path))
+            except OSError as exc:
+                self._log_warning(name, Path(log_path), exc, "cannot be opened")
         stream = Stream(
             name=name,
             fd=fd,
             prefix=prefix.encode(),
             visible=self._only is None or name in self._only,
-            log_fd=log_fd,
+            log=log,
         )
         if self._on_line is not None:
             stream.watchers.append(self._on_line)
@@ -246,6 +116,16 @@ class Printer:
 
     def stream_for_fd(self, fd: int) -> Stream:
         return self._by_fd[fd]
+
+    @property
+    def congested(self) -> bool:
+        """The terminal or the log files are more than their high-water mark behind: stop reading."""
+        return self._term.congested or self._logs.congested
+
+    @property
+    def backlog(self) -> int:
+        """Bytes handed to the sinks and not written yet (terminal and log files together)."""
+        return self._term.backlog + self._logs.backlog
 
     # -- input --------------------------------------------------------------------------------------
     def read(self, stream: Stream, *, limit: int = 1) -> bool:
@@ -291,14 +171,14 @@ class Printer:
         complete = buf[: cut + 1]
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
-            complete = _normalise_cr(complete, line_start=not stream.continued)
+            complete = normalise_cr(complete, line_start=not stream.continued)
             if not complete:
                 return
         if stream.continued:
             complete = CONT_START + complete
             stream.continued = False
-        if _may_have_long_line(complete):
-            complete = _cut_long_lines(complete)
+        if may_have_long_line(complete):
+            complete = cut_long_lines(complete)
         self._emit(stream, complete)
         if len(stream.pending) > LINE_CAP:
             self._overflow(stream)
@@ -306,7 +186,7 @@ class Printer:
     def _overflow(self, stream: Stream) -> None:
         """A partial line grew past LINE_CAP: emit it in marked chunks, keep the last bit pending."""
         line = (CONT_START if stream.continued else b"") + stream.pending.removesuffix(b"\r")
-        pieces = _cut_long(line)
+        pieces = cut_long(line)
         tail = pieces.pop()  # the unfinished remainder (starts with CONT_START) stays pending
         stream.pending = tail[len(CONT_START) :] + (b"\r" if stream.pending.endswith(b"\r") else b"")
         stream.continued = True
@@ -328,10 +208,10 @@ class Printer:
             self._by_fd.pop(stream.fd, None)
             with contextlib.suppress(OSError):
                 os.close(stream.fd)
-        if stream.log_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(stream.log_fd)
-            stream.log_fd = None
+        if stream.log is not None:
+            self._flush_logs()  # its last lines first
+            self._logs.close_file(stream.log)
+            stream.log = None
 
     # -- output -------------------------------------------------------------------------------------
     def _emit(self, stream: Stream, lines: bytes) -> None:
@@ -342,11 +222,8 @@ class Printer:
                 self._out.append(prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
             else:
                 self._out.append(lines)
-        if stream.log_fd is not None:
-            try:
-                write_all(stream.log_fd, lines)
-            except OSError:  # disk full: the terminal copy still goes out
-                stream.log_fd = None
+        if stream.log is not None:
+            self._log_out.append((stream.log, lines))
         if len(lines) >= TAIL_BYTES:
             stream.window = lines[-TAIL_BYTES:]
             stream.window_cut = True
@@ -367,24 +244,32 @@ class Printer:
         data = text.encode("utf-8", "replace")
         self._out.append(data if data.endswith(b"\n") else data + b"\n")
 
+    def _log_warning(self, name: str, path: Path, exc: OSError, what: str) -> None:
+        reason = exc.strerror or type(exc).__name__
+        self.message(f"podguard: warning: log file {path} {what} ({reason}); {name}'s lines go to the terminal only")
+
+    def _flush_logs(self) -> None:
+        if self._log_out:
+            batch, self._log_out = self._log_out, []
+            for log, data in batch:
+                self._logs.submit(log, data)
+        for log in self._logs.failures():
+            assert log.error is not None
+            self._log_warning(log.name, log.path, log.error, "could not be written")
+
     def flush(self) -> None:
-        """Write everything gathered in this round with one system call (`writev`, no joining copy)."""
-        if not self._out:
-            return
-        bufs = self._out
-        self._out = []
-        if self._sink.fd is None or len(bufs) == 1 or len(bufs) > 512:
-            self._sink.write(bufs[0] if len(bufs) == 1 else b"".join(bufs))
-            return
-        try:
-            done = os.writev(self._sink.fd, bufs)
-        except (BlockingIOError, InterruptedError):
-            done = 0
-        except BrokenPipeError:
-            return
-        total = sum(map(len, bufs))
-        if done < total:  # a partial write (pipe full, signal): finish the rest the slow way
-            self._sink.write(b"".join(bufs)[done:])
+        """Hand everything gathered in this round to the sinks (one `writev` for the terminal)."""
+        self._flush_logs()
+        if self._out:
+            bufs, self._out = self._out, []
+            self._term.submit(bufs)
+
+    def finish(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
+        """Flush and wait for the sinks (bounded: a stalled terminal gives up); True when all was written."""
+        self.flush()
+        logs_done = self._logs.close(stall_s=stall_s, cap_s=cap_s)
+        self.flush()  # a warning about a log file that failed while closing
+        return self._term.close(stall_s=stall_s, cap_s=cap_s) and logs_done
 
     def tail(self, name: str, n: int | None = None) -> tuple[str, ...]:
         """The last `n` (default `tail_lines`) lines of worker `name` (a pending partial one last)."""

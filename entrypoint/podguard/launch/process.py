@@ -1,39 +1,11 @@
 """Start one worker: its own output pipe, its own process group, a parent-death signal.
 
-One worker = one `subprocess.Popen` with
+    worker = start_worker(WorkerSpec("GPU0", ("python", "train.py")), job_id="123-456")
+    worker.fd            # the read end of its private, non-blocking 1 MiB output pipe
+    worker.signal_group(signal.SIGTERM)
 
-* **its own pipe** (stdout and stderr merged into it, one pipe per child, never shared): a pipe that
-  several children share interleaves their writes mid-line; one pipe each lets the Printer split every
-  stream into whole lines before it prefixes and multiplexes them. The pipe is enlarged to 1 MiB
-  (`F_SETPIPE_SZ`, best effort) so a flooding worker blocks less and the Printer reads bigger batches.
-* **its own process group** (`process_group=0`): a Ctrl-C on the terminal reaches podguard only, and
-  podguard forwards exactly one signal to each worker's group (tini's model), instead of every process
-  receiving the terminal's SIGINT and then podguard's forwarded one on top. The worker stays in
-  podguard's session, so nothing changes for job control of podguard itself.
-* **a parent-death signal** (`PR_SET_PDEATHSIG`, SIGTERM by default): if podguard itself is killed
-  (SIGKILL, OOM killer) the workers are told instead of running on, holding GPU memory.
-* stdin from `/dev/null`: workers run in background process groups, where reading the terminal would
-  stop them with SIGTTIN.
-* environment = `os.environ` + `spec.env`.
-
-How the parent-death signal is set (the fork-safety choice): `preexec_fn` would run Python code
-between fork and exec. That is unsafe as soon as the parent has threads (a lock held by another
-thread at fork time, e.g. in logging or malloc, stays locked forever in the child) — and podguard does
-have a thread while it launches (the roles mode polls health URLs from one) — and it forces a full
-`fork()` instead of the faster `vfork()`. So the worker's argv is instead prefixed with a tiny exec
-wrapper that sets the flag in the already-exec'd child and then execs the real command (same pid):
-
-1. util-linux `setpriv --pdeathsig TERM -- CMD...` (present on Debian/Ubuntu images; ~1 ms), else
-2. `python -I -S -c <10 lines>` (ctypes `prctl`, then `os.execvp`; ~25 ms, always available).
-
-The flag is tied to the *thread* that forked, so workers must be started from a thread that lives as
-long as the job (podguard starts them from the main thread). The wrapper cannot close the tiny window
-in which podguard dies between fork and `prctl`; the Python wrapper checks `getppid()` afterwards and
-exits if the parent is already gone, `setpriv` does not — a race of microseconds, and podguard is a
-child subreaper that stops leftovers anyway.
-
-The command's program is resolved against the child's PATH before anything starts, so "command not
-found" is a clear `UsageError` (exit 64) instead of an exit code 127 from inside the wrapper.
+The parent-death signal is set by a tiny exec wrapper (`setpriv --pdeathsig`, else a few lines of Python)
+rather than `preexec_fn`, which is unsafe once podguard has threads. Why each choice: docs/supervisor.md.
 """
 
 from __future__ import annotations
@@ -51,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podguard.errors import PodguardError, UsageError
-from podguard.launch.spec import WorkerSpec
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.launch.spec import WorkerExit, WorkerSpec
 
 JOB_ID_ENV = "PODGUARD_JOB_ID"
 PIPE_SIZE = 1 << 20  # 1 MiB: the unprivileged maximum (/proc/sys/fs/pipe-max-size) on stock kernels
@@ -109,6 +81,20 @@ class Worker:
             except OSError:
                 return False
 
+    def exit_record(self, tail: tuple[str, ...] = ()) -> WorkerExit:
+        """How it ended (so far: None fields while it runs), with its last output lines."""
+        code = os.waitstatus_to_exitcode(self.status) if self.status is not None else None
+        ended = self.ended_at if self.ended_at is not None else time.monotonic()
+        return WorkerExit(
+            name=self.name,
+            pid=self.pid,
+            returncode=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
+            tail=tail,
+            stopped_by_podguard=self.stopped_by_podguard,
+            duration_s=round(ended - self.started_at, 3),
+        )
+
     def mark_reaped(self, status: int) -> None:
         """Record the wait status that the supervisor collected with waitpid (it owns reaping)."""
         self.status = status
@@ -146,7 +132,7 @@ def pdeathsig_wrapper(signum: int) -> list[str]:
 
 
 def child_env(spec: WorkerSpec) -> dict[str, str]:
-    env = dict(os.environ)
+    env = dict(os.environ) if spec.inherit_env else {}
     env.update(spec.env)
     return env
 
@@ -184,7 +170,7 @@ def _pipe() -> tuple[int, int]:
 
 
 def start_worker(spec: WorkerSpec, *, pdeathsig: int | None = signal.SIGTERM, job_id: str | None = None) -> Worker:
-    """Start `spec` in its own process group with its own output pipe; see the module docstring.
+    """Start `spec` in its own process group with its own output pipe (docs/supervisor.md).
 
     `pdeathsig=None` starts the command directly (no wrapper) — for callers that manage lifetime
     some other way. `job_id` is put in the environment as `PODGUARD_JOB_ID`, which every descendant
@@ -215,7 +201,7 @@ def start_worker(spec: WorkerSpec, *, pdeathsig: int | None = signal.SIGTERM, jo
         os.close(r)
         if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
             raise UsageError(f"{spec.name}: cannot execute {spec.argv[0]!r}: {exc.strerror}") from None
-        raise PodguardError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror}", 1) from None
+        raise PodguardError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc.strerror}", ExitCode.FAILURE) from None
     finally:
         os.close(w)
     return Worker(spec=spec, popen=popen, fd=r)

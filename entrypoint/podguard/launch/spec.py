@@ -1,7 +1,10 @@
 """Records shared by every launch mode: what to start, how each worker ended, how the job ended.
 
-Modelled on torch.distributed.elastic's structured failure records: the job outcome names the root
-cause (the first worker that failed), its exit code or signal, and its last log lines.
+    spec = WorkerSpec("GPU0", ("python", "train.py"), env={"RANK": "0"}, prefix="GPU0:")
+    outcome = run_job([spec])          # -> JobOutcome(exit_code, workers, root_cause, signal, detail)
+
+The job outcome names the root cause (the first worker that failed), its exit code or signal, and its
+last log lines (torch.distributed.elastic's structured failure records, in spirit).
 """
 
 from __future__ import annotations
@@ -9,6 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from podguard.errors import signal_exit_code
+from podguard.records import Record
+
+__all__ = ["JobOutcome", "WorkerExit", "WorkerSpec"]
 
 
 @dataclass(frozen=True)
@@ -24,16 +32,18 @@ class WorkerSpec:
     service: bool = False
     label: str = ""  # how summaries name it, e.g. "GPU2 (rank 2)"; "" = the name
     gpus: tuple[int, ...] = ()  # NVML indices it sees (for --only-gpu and reports); () = CPU only
+    inherit_env: bool = True  # False: `env` is the whole environment (sweeps strip conflicting variables)
 
 
 @dataclass(frozen=True)
-class WorkerExit:
+class WorkerExit(Record):
     name: str
     pid: int
     returncode: int | None  # exit status when it exited
     signal: int | None  # signal number when it was killed by one
     tail: tuple[str, ...] = ()  # its last output lines
     stopped_by_podguard: bool = False  # True when podguard stopped it (fail-fast, shutdown)
+    duration_s: float | None = None  # from start to exit, when podguard started it
 
     @property
     def failed(self) -> bool:
@@ -43,12 +53,12 @@ class WorkerExit:
     def exit_code(self) -> int:
         """The shell-style code: the exit status, or 128+N when killed by signal N."""
         if self.signal is not None:
-            return 128 + self.signal
+            return signal_exit_code(self.signal)
         return self.returncode or 0
 
 
 @dataclass(frozen=True)
-class JobOutcome:
+class JobOutcome(Record):
     exit_code: int
     workers: tuple[WorkerExit, ...]
     root_cause: WorkerExit | None = None  # the first worker that failed

@@ -1,32 +1,26 @@
-"""Sweeps: N independent runs of K GPUs each on one host (the seed's `sweep_multi_gpu.sh my_sweep 2 4`).
+"""Sweeps: N independent runs of K GPUs each on one host, each a separate `podguard train`.
 
-The seed's script hand-assigned `gpu_list=0,1` / `2,3` / ... and gave every run the same MASTER_PORT.
-Here the plan splits the node's GPUs into disjoint sets, each run is a separate `podguard train` with
-`GPU_LIST` set to its set (so it does its own preflight and holds its own GPU lease, and its own port
-lease picks a distinct MASTER_PORT), and the runs' output is multiplexed with a `run{i}:` prefix.
+    plan = plan_sweep(8, 2)                          # run0=[0,1] run1=[2,3] run2=[4,5] run3=[6,7]
+    result = run_sweep(plan, ["python", "train.py"])  # output prefixed run0: run1: ...
 
-Runs are independent: one failing does not stop the others (unlike workers of one job, which fail
-fast). The sweep's exit code is that of the first run to fail, in time; a signal to the sweep is
-forwarded to every run and ends it with 128+N.
+Each run gets `GPU_LIST` (so it does its own preflight, GPU lease and MASTER_PORT lease) and is supervised
+like a job's worker, except that one failing does not stop the others. The sweep's exit code is that of
+the first run to fail, in time; a signal to the sweep is forwarded to every run and ends it with 128+N.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import selectors
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.launch.run import run_job
+from podguard.launch.spec import WorkerSpec
 
 # Variables that would contradict the run's own GPU set or port: the plan and the leases decide them.
 STRIPPED_ENV = (
@@ -39,7 +33,7 @@ STRIPPED_ENV = (
     "PODGUARD_MASTER_PORT",
 )
 DEFAULT_PREFIX = "run{i}:"
-_MAX_LINE = 1 << 20
+DEFAULT_SWEEP_GRACE_S = 10.0  # each run is a podguard with its own 7 s grace: give it time to use it
 
 
 @dataclass(frozen=True)
@@ -171,18 +165,23 @@ def sweep_env(run: SweepRun, runs: int, base: Mapping[str, str], name: str | Non
     return env
 
 
-class _Child:
-    def __init__(self, run: SweepRun, argv: list[str], proc: subprocess.Popen[bytes], prefix: bytes, log) -> None:
-        self.run, self.argv, self.proc, self.prefix, self.log = run, argv, proc, prefix, log
-        self.partial = b""
-        self.open = True
-        self.started = time.monotonic()
-        self.ended: float | None = None
-        self.code: int | None = None
-
-
-def _shell_code(status: int) -> int:
-    return signal_exit_code(-status) if status < 0 else status
+def _specs(
+    plan: SweepPlan, build: ArgvBuilder, base_env: Mapping[str, str], name: str | None, prefix: str,
+    log_dir: Path | None,
+) -> list[WorkerSpec]:  # fmt: skip
+    """One worker per run: its argv, its whole environment, `run{i}:` lines, `run{i}.log`."""
+    return [
+        WorkerSpec(
+            name=f"run{run.index}",
+            argv=tuple(str(a) for a in build(run)),
+            env=sweep_env(run, len(plan.runs), base_env, name),
+            inherit_env=False,
+            prefix=prefix.format(i=run.index),
+            log_path=Path(log_dir) / f"run{run.index}.log" if log_dir is not None else None,
+            label=f"run{run.index} (GPUs {run.gpu_list})",
+        )
+        for run in plan.runs
+    ]
 
 
 def run_sweep(
@@ -196,16 +195,14 @@ def run_sweep(
     output: BinaryIO | None = None,
     prefix: str = DEFAULT_PREFIX,
     log_dir: Path | None = None,
-    grace_s: float = 10.0,
-    forward_signals: bool = True,
+    grace_s: float = DEFAULT_SWEEP_GRACE_S,
 ) -> SweepResult:
-    """Start every run of `plan` at once and wait for all of them.
+    """Start every run of `plan` at once and wait for all of them (main thread only: signals).
 
-    Each run is `argv_builder(run)` (default: `podguard train [train_args] -- command`) with
-    `sweep_env(...)`; its stdout+stderr (one pipe per run, so lines never mix) goes to `output` as whole
-    lines prefixed `prefix.format(i=index)`, and unprefixed to `log_dir/run{i}.log` when given.
-    Runs start in their own sessions: SIGTERM/SIGINT/SIGHUP to the sweep (main thread only) are
-    forwarded once to every run; runs still alive `grace_s` later are killed with their process group.
+    Each run is `argv_builder(run)` (default: `podguard train [train_args] -- command`) with `sweep_env(...)`
+    as its whole environment; its output goes to `output` (default stdout) as whole lines prefixed
+    `prefix.format(i=index)`, and unprefixed to `log_dir/run{i}.log` when given. The runs are supervised
+    like the workers of a job, except that one failing does not stop the others.
     """
     if not plan.runs:
         raise UsageError("the sweep plan has no runs")
@@ -214,150 +211,23 @@ def run_sweep(
     except (KeyError, IndexError, ValueError) as exc:
         raise UsageError(f"run prefix {prefix!r} is invalid ({exc}); it may use {{i}}") from None
     build = argv_builder or podguard_train_argv(command, train_args)
-    base_env = dict(os.environ if env is None else env)
-    out = output if output is not None else sys.stdout.buffer
-    if log_dir is not None:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-
-    got_signal: list[int] = []
-    kill_at: list[float] = []
-    children: list[_Child] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        if not got_signal:
-            got_signal.append(signum)
-            kill_at.append(time.monotonic() + grace_s)
-        for c in children:
-            if c.code is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.proc.pid, signum)
-
-    previous: dict[int, object] = {}
-    if forward_signals and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, on_signal)
-
-    sel = selectors.DefaultSelector()
+    specs = _specs(plan, build, dict(os.environ if env is None else env), name, prefix, log_dir)
     try:
-        for run in plan.runs:
-            argv = [str(a) for a in build(run)]
-            log = open(Path(log_dir) / f"run{run.index}.log", "ab") if log_dir is not None else None  # noqa: SIM115
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=sweep_env(run, len(plan.runs), base_env, name),
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                if log is not None:
-                    log.close()
-                raise UsageError(f"cannot start sweep run {run.index} ({argv[0]!r}): {exc.strerror}") from None
-            child = _Child(run, argv, proc, prefix.format(i=run.index).encode(), log)
-            children.append(child)
-            assert proc.stdout is not None
-            sel.register(proc.stdout.fileno(), selectors.EVENT_READ, child)
-        finish_order = _pump(children, sel, out, kill_at)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        for c in children:  # only reached with live runs when something went wrong above
-            if c.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(c.proc.pid, signal.SIGKILL)
-                c.proc.wait()
-            if c.proc.stdout is not None:
-                c.proc.stdout.close()
-            if c.log is not None:
-                c.log.close()
-        sel.close()
-
-    results = tuple(
+        outcome = run_job(specs, grace_s=grace_s, out=output, summary=False, fail_fast=False)
+    except UsageError as exc:
+        raise UsageError(f"cannot start the sweep: {exc.message}") from None
+    runs = tuple(
         SweepRunResult(
-            index=c.run.index,
-            gpu_list=c.run.gpu_list,
-            argv=tuple(c.argv),
-            pid=c.proc.pid,
-            exit_code=c.code if c.code is not None else _shell_code(c.proc.returncode),
-            duration_s=(c.ended or time.monotonic()) - c.started,
-            log_path=Path(log_dir) / f"run{c.run.index}.log" if log_dir is not None else None,
+            index=run.index,
+            gpu_list=run.gpu_list,
+            argv=spec.argv,
+            pid=exit.pid,
+            exit_code=exit.exit_code,
+            duration_s=exit.duration_s or 0.0,
+            log_path=spec.log_path,
         )
-        for c in children
+        for run, spec, exit in zip(plan.runs, specs, outcome.workers, strict=True)
     )
-    first = next((c.run.index for c in finish_order if c.code), None)
-    if got_signal:
-        return SweepResult(results, signal_exit_code(got_signal[0]), first, got_signal[0])
-    code = next((c.code for c in finish_order if c.code), 0) or 0
-    return SweepResult(results, code, first)
-
-
-def _pump(children: list[_Child], sel: selectors.BaseSelector, out: BinaryIO, kill_at: list[float]) -> list[_Child]:
-    """Multiplex the runs' output until every run has exited; the runs in the order they ended."""
-    finished: list[_Child] = []
-    drain_until: dict[int, float] = {}
-    while len(finished) < len(children):
-        for key, _ in sel.select(0.1):
-            child: _Child = key.data
-            data = os.read(key.fd, 65536)
-            if data:
-                _emit(child, data, out, final=False)
-            else:
-                _close_stream(child, sel, out)
-        now = time.monotonic()
-        for c in children:
-            if c.code is None and c.proc.poll() is not None:
-                c.code = _shell_code(c.proc.returncode)
-                c.ended = now
-                finished.append(c)
-                drain_until[id(c)] = now + 1.0
-            elif c.code is not None and c.open and now >= drain_until.get(id(c), now):
-                _close_stream(c, sel, out)  # a leftover grandchild holds the pipe open: stop reading it
-        if kill_at and now >= kill_at[0]:
-            for c in children:
-                if c.code is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(c.proc.pid, signal.SIGKILL)
-    # what is still buffered in the pipes of runs whose stream has not reached EOF yet
-    for c in children:
-        if c.open and c.proc.stdout is not None:
-            fd = c.proc.stdout.fileno()
-            os.set_blocking(fd, False)
-            with contextlib.suppress(BlockingIOError, OSError):
-                while data := os.read(fd, 65536):
-                    _emit(c, data, out, final=False)
-            _close_stream(c, sel, out)
-    return finished
-
-
-def _close_stream(child: _Child, sel: selectors.BaseSelector, out: BinaryIO) -> None:
-    if not child.open:
-        return
-    child.open = False
-    _emit(child, b"", out, final=True)
-    assert child.proc.stdout is not None
-    with contextlib.suppress(KeyError, ValueError):
-        sel.unregister(child.proc.stdout.fileno())
-
-
-def _emit(child: _Child, data: bytes, out: BinaryIO, *, final: bool) -> None:
-    """Write the whole lines in `data` (plus a partial line at the end of the stream), prefixed."""
-    buf = child.partial + data
-    if final:
-        lines, child.partial = (buf.split(b"\n") if buf else []), b""
-        if lines and lines[-1] == b"":
-            lines.pop()
-    else:
-        *lines, child.partial = buf.split(b"\n")
-        if len(child.partial) > _MAX_LINE:  # never hold an endless line in memory: pass it on as is
-            lines.append(child.partial)
-            child.partial = b""
-    if not lines:
-        return
-    if child.log is not None:
-        child.log.write(b"".join(line + b"\n" for line in lines))
-    chunk = b"".join(child.prefix + line + b"\n" for line in lines)
-    with contextlib.suppress(OSError, ValueError):
-        out.write(chunk)
-        out.flush()
+    root = outcome.root_cause
+    first = next((r.index for r, s in zip(runs, specs, strict=True) if root is not None and s.name == root.name), None)
+    return SweepResult(runs, outcome.exit_code, first, outcome.signal)

@@ -1,8 +1,10 @@
-"""`podguard doctor`: the diagnostics a person reads when something is wrong.
+"""`podguard doctor`: the diagnostics a person reads when something is wrong; read-only, it only recommends.
 
-It replaces the seeds' `fix_gpu.sh`, without its side effects: it reads NVML (never a CUDA context), the
-process table, the environment and the last preflight report, and only ever *recommends*. Secrets are
-reported as present/absent, never printed.
+    data = collect(PreflightOptions(command="doctor"))   # driver, GPUs, holders, health, env, host, last report
+    print(render(data))                                  # or json.dumps(data) for `--json`
+
+NVML only (never a CUDA context); secrets are reported as present/absent, other values pass through
+podguard.redact.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from typing import Any
 from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
-from podguard.preflight.gate.rules import GateThresholds, judge_all
+from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
 from podguard.preflight.options import PreflightOptions
+from podguard.records import to_data
+from podguard.redact import redact_env
 from podguard.report import na
 from podguard.state import state_dir
 from podguard.units import GIB, MIB
+
+__all__ = ["collect", "recommend", "render"]
 
 DISTRIBUTED_VARS = (
     "RANK",
@@ -104,12 +110,14 @@ def _comm(pid: int) -> str | None:
         return None
 
 
-def _holders(backend: Any, indices: list[int], dev_dir: Path) -> dict[str, Any]:
+def _holders(backend: Any, snaps: list[GpuSnapshot], dev_dir: Path) -> dict[str, Any]:
     """Who holds each GPU, with the same evidence rules the cleanup uses (read-only here)."""
-    from podguard.preflight.cleanup.planner import describe_holders
+    from podguard.preflight.cleanup.describe import describe_holders
 
     try:
-        return describe_holders(backend, indices, dev_dir=dev_dir)
+        return describe_holders(
+            backend, [s.index for s in snaps], dev_dir=dev_dir, snapshots={s.index: s for s in snaps}
+        )
     except Exception as exc:  # doctor must always print what it has
         return {"error": f"could not inspect processes: {exc}"}
 
@@ -144,17 +152,19 @@ def collect(opts: PreflightOptions) -> dict[str, Any]:
     if backend is not None:
         try:
             drv = backend.driver()
-            data["nvml"] = {"available": True, **drv.__dict__}
+            data["nvml"] = {"available": True, **to_data(drv)}
             snaps = [backend.snapshot(i) for i in range(backend.device_count())]
-            data["holders"] = _holders(backend, [s.index for s in snaps], opts.dev_dir)
+            data["holders"] = _holders(backend, snaps, opts.dev_dir)
         finally:
             backend.close()
     data["gpus"] = [s.to_dict() for s in snaps]
-    gate = judge_all(snaps, GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c))
+    gate = judge_all(
+        [scope_to_mig(s) for s in snaps], GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c)
+    )
     data["health"] = [v.to_dict() for v in gate.verdicts]
     env = os.environ
-    data["distributed_env"] = {k: env[k] for k in DISTRIBUTED_VARS if k in env}
-    data["runpod_env"] = {k: env[k] for k in RUNPOD_VARS if k in env}
+    data["distributed_env"] = redact_env({k: env[k] for k in DISTRIBUTED_VARS if k in env})
+    data["runpod_env"] = redact_env({k: env[k] for k in RUNPOD_VARS if k in env})
     data["secrets"] = {k: ("present" if env.get(k) else "absent") for k in SECRET_VARS}
     data["host"] = _host()
     try:
@@ -184,6 +194,11 @@ def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
             recs.append(
                 f"GPU{verdict['index']} is unhealthy ({'; '.join(verdict['reasons'])}): exclude it with GPU_LIST, "
                 "or stop and start the pod / move machines"
+            )
+        elif verdict["verdict"] == "unknown":
+            recs.append(
+                f"GPU{verdict['index']}: {'; '.join(verdict['reasons'])}: run podguard where NVML may read process "
+                "lists and memory (privileged, or select MIG devices), or check the driver"
             )
         elif verdict["verdict"] == "busy":
             recs.append(f"GPU{verdict['index']} is busy ({'; '.join(verdict['reasons'])}): run `podguard cleanup`")
@@ -216,6 +231,38 @@ def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
     return recs
 
 
+def _render_gpu(gpu: dict[str, Any], verdict: dict[str, Any], holders: dict[str, Any]) -> list[str]:
+    """The lines of one GPU: identity and verdict, state, who holds it, reasons and warnings."""
+    out: list[str] = []
+    idx = gpu["index"]
+    total, used = gpu.get("memory_total"), gpu.get("memory_used")
+    mem = "n/a" if total is None else f"{(used or 0) // MIB}/{total // MIB} MiB"
+    ecc = gpu.get("ecc") or {}
+    label = verdict.get("verdict", "?")
+    out.append(f"GPU{idx} {na(gpu.get('name'))} {na(gpu.get('uuid'))} [{label}]")
+    out.append(
+        f"    pci {na(gpu.get('pci_bus_id'))}  mem {mem}  util {na(gpu.get('utilization_gpu'), '%')}  "
+        f"temp {na(gpu.get('temperature_c'), 'C')}/{na(gpu.get('temperature_slowdown_c'), 'C')}  "
+        f"pcie x{na(gpu.get('pcie_link_width'))}/x{na(gpu.get('pcie_link_width_max'))}"
+    )
+    out.append(
+        f"    compute {na(gpu.get('compute_mode'))}  persistence {na(gpu.get('persistence_mode'))}  "
+        f"MIG {na(gpu.get('mig_enabled'))}  ECC {na(ecc.get('enabled'))} "
+        f"(uncorrected {na(ecc.get('uncorrected_volatile'))}, corrected {na(ecc.get('corrected_volatile'))})  "
+        f"remap pending {na(ecc.get('remap_pending'))} failed {na(ecc.get('remap_failure'))}  "
+        f"retired pending {na(ecc.get('retired_pages_pending'))}"
+    )
+    if gpu.get("clock_event_names"):
+        out.append(f"    clocks limited by: {', '.join(gpu['clock_event_names'])}")
+    for proc in holders.get(str(idx), holders.get(idx, [])):
+        out.append(f"    held by {proc}")
+    for reason in verdict.get("reasons", []):
+        out.append(f"    ! {reason}")
+    for warning in verdict.get("warnings", []):
+        out.append(f"    ~ {warning}")
+    return out
+
+
 def render(data: dict[str, Any]) -> str:
     out: list[str] = [f"podguard doctor {data['podguard_version']}"]
     nvml = data.get("nvml", {})
@@ -229,32 +276,7 @@ def render(data: dict[str, Any]) -> str:
     health = {h["index"]: h for h in data.get("health", [])}
     holders = (data.get("holders") or {}).get("gpus", {})
     for gpu in data.get("gpus", []):
-        idx = gpu["index"]
-        total, used = gpu.get("memory_total"), gpu.get("memory_used")
-        mem = "n/a" if total is None else f"{(used or 0) // MIB}/{total // MIB} MiB"
-        ecc = gpu.get("ecc") or {}
-        verdict = health.get(idx, {}).get("verdict", "?")
-        out.append(f"GPU{idx} {na(gpu.get('name'))} {na(gpu.get('uuid'))} [{verdict}]")
-        out.append(
-            f"    pci {na(gpu.get('pci_bus_id'))}  mem {mem}  util {na(gpu.get('utilization_gpu'), '%')}  "
-            f"temp {na(gpu.get('temperature_c'), 'C')}/{na(gpu.get('temperature_slowdown_c'), 'C')}  "
-            f"pcie x{na(gpu.get('pcie_link_width'))}/x{na(gpu.get('pcie_link_width_max'))}"
-        )
-        out.append(
-            f"    compute {na(gpu.get('compute_mode'))}  persistence {na(gpu.get('persistence_mode'))}  "
-            f"MIG {na(gpu.get('mig_enabled'))}  ECC {na(ecc.get('enabled'))} "
-            f"(uncorrected {na(ecc.get('uncorrected_volatile'))}, corrected {na(ecc.get('corrected_volatile'))})  "
-            f"remap pending {na(ecc.get('remap_pending'))} failed {na(ecc.get('remap_failure'))}  "
-            f"retired pending {na(ecc.get('retired_pages_pending'))}"
-        )
-        if gpu.get("clock_event_names"):
-            out.append(f"    clocks limited by: {', '.join(gpu['clock_event_names'])}")
-        for proc in holders.get(str(idx), holders.get(idx, [])):
-            out.append(f"    held by {proc}")
-        for reason in health.get(idx, {}).get("reasons", []):
-            out.append(f"    ! {reason}")
-        for warning in health.get(idx, {}).get("warnings", []):
-            out.append(f"    ~ {warning}")
+        out.extend(_render_gpu(gpu, health.get(gpu["index"], {}), holders))
     if (data.get("holders") or {}).get("foreign"):
         out.append(f"NVML reports processes that are not in this container: {data['holders']['foreign']}")
     out.append("distributed env: " + (", ".join(f"{k}={v}" for k, v in data["distributed_env"].items()) or "none"))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-from podguard.errors import PodguardError
+from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
-from podguard.preflight.pipeline import PreflightOptions, select_for
+from podguard.preflight.options import PreflightOptions
+from podguard.preflight.selection import select_for
+from podguard.records import to_data
 from podguard.report import na
 from podguard.units import MIB
+
+__all__ = ["inventory_payload", "read_inventory", "render_inventory"]
 
 
 def read_inventory() -> tuple[dict[str, Any], list[GpuSnapshot]]:
@@ -19,7 +22,7 @@ def read_inventory() -> tuple[dict[str, Any], list[GpuSnapshot]]:
     if backend is None:
         return {"available": False, "failure": "library_not_found"}, []
     try:
-        driver = asdict(backend.driver())
+        driver = to_data(backend.driver())
         snaps = [backend.snapshot(i) for i in range(backend.device_count())]
     finally:
         backend.close()
@@ -33,7 +36,7 @@ def inventory_payload(opts: PreflightOptions) -> dict[str, Any]:
     except NvmlUnavailable as exc:
         payload["nvml"] = {"available": False, "failure": exc.kind.value, "detail": exc.detail}
         payload["gpus"] = []
-        payload["error"] = {"exit_code": 76, "message": f"NVML: {exc.message}"}
+        payload["error"] = {"exit_code": int(ExitCode.GPU_UNHEALTHY), "message": f"NVML: {exc.message}"}
         return payload
     payload["nvml"] = nvml
     payload["gpus"] = [s.to_dict() for s in snaps]

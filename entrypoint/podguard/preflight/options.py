@@ -12,13 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from podguard.errors import UsageError
+from podguard.errors import DEFAULT_GRACE_S, UsageError
 
 __all__ = ["DEFAULT_GRACE_S", "OnFewer", "PreflightOptions", "ProbeMode", "validate_options"]
-
-# Between SIGTERM and SIGKILL: fits inside Docker's default 10 s stop timeout with room for podguard's own
-# shutdown (docs/supervisor.md). The one default for every command that stops processes.
-DEFAULT_GRACE_S = 7.0
 
 
 class ProbeMode(StrEnum):

@@ -1,88 +1,49 @@
-"""The preflight: cleanup -> detect -> select -> gate, with a JSON report and a short human summary.
+"""The preflight of `train`, `run`, `health` and `cleanup`: a few named stages, a JSON report, a short summary.
 
-`train`, `run`, `health` and `cleanup` all go through `run_preflight`. It never imports torch (the CUDA
-probe runs in a child process) and never sleeps for a fixed time: every wait polls a condition with a
-deadline.
+    result = run_preflight(PreflightOptions(command="health", probe=ProbeMode.OFF))
+    result.exit_code   # 0 / 64 / 69 / 75 / 76 (podguard.errors.ExitCode)
+
+Stages: open the backend -> inventory + selection -> lease (train/run) -> cleanup or wait -> gate ->
+verdict -> report. Never imports torch (the CUDA probe runs in a child) and never sleeps a fixed time.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from podguard.errors import ExitCode, PodguardError
-from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable, XidEvent
+from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
-from podguard.preflight.gate.rules import (
-    GateResult,
-    GateThresholds,
-    GpuVerdict,
-    ProbeEvidence,
-    Verdict,
-    busy_reasons,
-    judge_all,
-)
+from podguard.preflight.gate.rules import Finding, GateResult, Verdict
 from podguard.preflight.options import PreflightOptions, validate_options
-from podguard.preflight.selection import Selection, select_gpus
-from podguard.report import Timings, format_summary, write_report
+from podguard.preflight.selection import Selection, mig_scope, select_for, select_gpus
+from podguard.records import to_data
+from podguard.report import Timings, format_summary, verdict_word, write_report
 from podguard.state import state_dir
 
 if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
+    from podguard.preflight.cleanup.records import CleanupResult, GpuIdleState
     from podguard.preflight.leases import GpuLease
+
+__all__ = ["COMMANDS_WITH_CLEANUP", "PreflightResult", "run_preflight", "select_for"]
+
+COMMANDS_WITH_CLEANUP = ("train", "run", "cleanup", "preflight")
 
 
 @dataclass(frozen=True)
 class PreflightResult:
-    exit_code: int  # 0, 64, 69, 75, 76
+    exit_code: int  # ExitCode: 0, 64, 69, 75, 76
     selection: Selection | None
     report_path: Path | None
     summary: str  # the short human summary that was printed
     message: str = ""  # one-line reason when exit_code != 0
     lease: GpuLease | None = None  # held GPU leases (train/run); the caller releases them when the job ends
-
-
-# --------------------------------------------------------------------------------------------------
-# Orchestration
-# --------------------------------------------------------------------------------------------------
-
-COMMANDS_WITH_CLEANUP = ("train", "run", "cleanup", "preflight")
-
-
-def select_for(opts: PreflightOptions, inventory: list[GpuSnapshot]) -> Selection:
-    """The selection these options ask for on this inventory (UsageError 64 / PodguardError 69)."""
-    return select_gpus(
-        inventory,
-        gpu_list=opts.gpu_list,
-        cuda_visible_devices=opts.cuda_visible_devices,
-        nproc_per_node=opts.nproc_per_node,
-        expect_gpus=opts.expect_gpus,
-        on_fewer=opts.on_fewer,
-        require_gpu=opts.require_gpu,
-    )
-
-
-def _recommendations(exit_code: int, gate: GateResult | None, nvml_failure: str | None) -> list[str]:
-    recs: list[str] = []
-    if nvml_failure:
-        recs.append("stop and start the pod (a container restart keeps the same driver state), or move machines")
-    if exit_code == ExitCode.GPUS_BUSY:
-        recs.append("retry later, or run `podguard cleanup` / `podguard doctor` to see who holds the GPUs")
-        if gate and any("phantom" in r for v in gate.verdicts for r in v.reasons):
-            recs.append("phantom memory persists across container restarts: stop and start the pod")
-    if exit_code == ExitCode.GPU_UNHEALTHY and gate is not None:
-        bad = [str(v.index) for v in gate.verdicts if v.verdict is Verdict.UNHEALTHY]
-        recs.append(
-            f"GPU(s) {','.join(bad)} failed the health check: exclude them with GPU_LIST, or stop and start the pod "
-            "(`podguard pod heal`), or move to another machine"
-        )
-    return recs
 
 
 def run_preflight(
@@ -95,77 +56,194 @@ def run_preflight(
 ) -> PreflightResult:
     """Run the preflight and return its verdict. Never raises for expected failures: they become exit codes.
 
-    Order: validate everything -> open NVML -> inventory -> select -> cleanup + wait (train/run/cleanup)
-    -> NVML checks -> probe children in parallel while XID events are watched -> report.
     `validate_selection` lets the caller reject its own configuration against the selection (a roles
     file asking for more GPUs than selected, say) before anything is leased or killed.
     """
-    out = out if out is not None else sys.stderr
-    imports_started = time.perf_counter()
-    if backend_factory is None:
-        # Loading code is interpreter start-up, not preflight work: timed apart from it.
-        import pynvml  # noqa: F401
-    if opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
-        import podguard.preflight.cleanup.executor
-    if opts.lease:
-        import podguard.preflight.leases  # noqa: F401
-    imports_ms = round((time.perf_counter() - imports_started) * 1000, 3)
-    timings = Timings()
-    payload: dict[str, Any] = {
-        "command": opts.command,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "pid": os.getpid(),
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
-        "warnings": [],
-    }
-    selection: Selection | None = None
-    gate: GateResult | None = None
-    backend: GpuBackend | None = None
-    nvml_failure: str | None = None
-    lease: GpuLease | None = None
-    exit_code: int = ExitCode.OK
-    message = ""
-    try:
-        state = state_dir(opts.state_dir)
-    except PodguardError as exc:
-        _emit(out, quiet, f"podguard: error: {exc.message}")
-        return PreflightResult(exc.code, None, None, exc.message, exc.message)
-    try:
-        validate_options(opts)
+    return Preflight(opts, backend_factory, out if out is not None else sys.stderr, quiet, validate_selection).run()
+
+
+class Preflight:
+    """One preflight; the stages share their results through these fields."""
+
+    def __init__(
+        self,
+        opts: PreflightOptions,
+        backend_factory: Callable[[], GpuBackend | None] | None,
+        out: TextIO,
+        quiet: bool,
+        validate_selection: Callable[[Selection], None] | None,
+    ) -> None:
+        self.opts = opts
+        self.out = out
+        self.quiet = quiet
+        self.backend_factory = backend_factory
+        self.validate_selection = validate_selection
+        self.imports_ms = self._import_what_is_needed()
+        self.timings = Timings()
+        self.payload: dict[str, Any] = {
+            "command": opts.command,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "pid": os.getpid(),
+            "options": to_data(opts),
+            "warnings": [],
+        }
+        self.backend: GpuBackend | None = None
+        self.inventory: list[GpuSnapshot] = []
+        self.selection: Selection | None = None
+        self.lease: GpuLease | None = None
+        self.lease_dir: Path | None = None
+        self.leased_by_others: dict[int, str] = {}  # pid -> who: other live podguard runs on this host
+        self.in_use: dict[int, str] = {}  # GPU -> the live run leasing it (health: its own job is on it)
+        self.idle_states: dict[int, GpuIdleState] = {}  # what the cleanup or the wait left behind
+        self.cleanup: CleanupResult | None = None
+        self.waited_s: float | None = None  # how long a wait for busy GPUs actually ran (None: no wait)
+        self.gate: GateResult | None = None
+        self.nvml_failure: str | None = None
+        self.exit_code: int = ExitCode.OK
+        self.message = ""
+
+    def _import_what_is_needed(self) -> float:
+        """Load the code this command needs up front: interpreter start-up, timed apart from the work."""
+        started = time.perf_counter()
+        if self.backend_factory is None:
+            import pynvml  # noqa: F401
+        if self.opts.cleanup and self.opts.command in COMMANDS_WITH_CLEANUP:
+            import podguard.preflight.cleanup.executor
+        if self._looks_up_leases:
+            import podguard.preflight.jobs  # other runs' leases
+        import podguard.preflight.gate.stage  # noqa: F401
+
+        return round((time.perf_counter() - started) * 1000, 3)
+
+    @property
+    def _looks_up_leases(self) -> bool:
+        """Whether this command needs other runs' leases: to lease, to never touch their jobs, to skip their
+        GPUs (cleanup) or to find them in use by their own job (health)."""
+        opts = self.opts
+        stops = opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP
+        return opts.lease or stops or opts.command in ("cleanup", "health")
+
+    @property
+    def indices(self) -> list[int]:
+        return sorted(set(self.selection.indices)) if self.selection and self.backend else []
+
+    # -- the run -------------------------------------------------------------------------------------
+
+    def run(self) -> PreflightResult:
+        try:
+            state = state_dir(self.opts.state_dir)
+        except PodguardError as exc:
+            self._emit(f"podguard: error: {exc.message}")
+            return PreflightResult(exc.code, None, None, exc.message, exc.message)
+        try:
+            self.open_backend()
+            self.inventory_and_select()
+            self.lease_or_look_up_leases()
+            self.cleanup_or_wait()
+            self.judge()
+        except PodguardError as exc:
+            self.exit_code, self.message = exc.code, exc.message
+        finally:
+            if self.backend is not None:
+                self.backend.close()
+            if self.lease is not None and self.exit_code != ExitCode.OK:
+                self.lease.release()
+                self.lease = None
+        return self.report(state)
+
+    def open_backend(self) -> None:
+        validate_options(self.opts)
         t = time.perf_counter()
         try:
-            backend = (backend_factory or open_backend)()
+            self.backend = (self.backend_factory or open_backend)()
         except NvmlUnavailable as exc:
-            nvml_failure = exc.kind.value
-            payload["nvml"] = {"available": False, "failure": exc.kind.value, "detail": exc.detail}
+            self.nvml_failure = exc.kind.value
+            self.payload["nvml"] = {"available": False, "failure": exc.kind.value, "detail": exc.detail}
             raise PodguardError(f"NVML: {exc.message}", ExitCode.GPU_UNHEALTHY) from None
-        t = timings.mark("nvml_init", t)
-        inventory: list[GpuSnapshot] = []
-        if backend is not None:
-            payload["driver"] = asdict(backend.driver())
-            inventory = [backend.snapshot(i) for i in range(backend.device_count())]
+        self.timings.mark("nvml_init", t)
+
+    def inventory_and_select(self) -> None:
+        t = time.perf_counter()
+        if self.backend is not None:
+            self.payload["driver"] = to_data(self.backend.driver())
+            self.inventory = [self.backend.snapshot(i) for i in range(self.backend.device_count())]
         else:
-            payload["nvml"] = {"available": False, "failure": "library_not_found"}
-        t = timings.mark("inventory", t)
-        selection = select_for(opts, inventory)
-        payload["warnings"].extend(selection.warnings)
-        if validate_selection is not None:
-            validate_selection(selection)
-        t = timings.mark("select", t)
-        if opts.lease and selection.gpus:
-            lease = _lease(opts, selection, inventory, out, quiet)
-            if tuple(lease.gpus) != selection.gpus:
-                payload["warnings"].append(
-                    f"GPU(s) {','.join(str(i) for i in selection.indices)} partly leased by other runs: using "
-                    f"{','.join(str(i) for i in lease.indices)}"
+            self.payload["nvml"] = {"available": False, "failure": "library_not_found"}
+        t = self.timings.mark("inventory", t)
+        self.selection = select_for(self.opts, self.inventory)
+        self.payload["warnings"].extend(self.selection.warnings)
+        if self.validate_selection is not None:
+            self.validate_selection(self.selection)
+        self.timings.mark("select", t)
+
+    def lease_or_look_up_leases(self) -> None:
+        """train/run lease their GPUs; every command that may stop processes or judge busy GPUs learns which
+        other live podguard runs hold leases here (their jobs are never touched, nor called "busy")."""
+        assert self.selection is not None
+        opts = self.opts
+        if not self.selection.gpus or self.backend is None:
+            return
+        t = time.perf_counter()
+        if opts.lease:
+            self.lease = self._lease()
+            if tuple(self.lease.gpus) != self.selection.gpus:
+                self.payload["warnings"].append(
+                    f"GPU(s) {','.join(map(str, self.selection.indices))} partly leased by other runs: using "
+                    f"{','.join(map(str, self.lease.indices))}"
                 )
-                selection = replace(selection, gpus=tuple(lease.gpus))
-            t = timings.mark("lease", t)
-        elif opts.command == "cleanup" and selection.gpus:
-            selection, skipped = _skip_leased(selection, opts)
-            payload["warnings"].extend(skipped)
-        indices = sorted(set(selection.indices))
-        if backend is not None and indices and opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
+                self.selection = replace(self.selection, gpus=tuple(self.lease.gpus))
+        if self._looks_up_leases:
+            from podguard.preflight.jobs import leased_elsewhere
+
+            own = self.lease.paths if self.lease is not None else ()
+            found = leased_elsewhere(self.selection, self._lease_dir(), own=own)
+            self.leased_by_others = found.pids
+            if opts.command == "cleanup" and found.gpus:
+                self.selection = replace(
+                    self.selection, gpus=tuple(g for g in self.selection.gpus if g not in found.gpus)
+                )
+                self.payload["warnings"].extend(found.notes)
+            elif opts.command == "health":
+                self.in_use = found.in_use
+        self.timings.mark("lease", t)
+
+    def _lease_dir(self) -> Path:
+        """The lease dir, resolved once per preflight (finding the default probes the volume for flock)."""
+        if self.lease_dir is None:
+            from podguard.preflight.lease_files import default_lease_dir
+
+            self.lease_dir = self.opts.lease_dir if self.opts.lease_dir is not None else default_lease_dir()
+        return self.lease_dir
+
+    def _lease(self) -> GpuLease:
+        """Lease the selected GPUs so a concurrent run neither lands on them nor "cleans up" our workers.
+        An explicit list must be leased exactly (refused, exit 75, or waited for with --wait-for-gpus);
+        otherwise any free GPUs of the node will do, as many as selected."""
+        from podguard.preflight.leases import acquire_gpus
+
+        assert self.selection is not None
+        explicit = self.selection.source in ("GPU_LIST", "CUDA_VISIBLE_DEVICES")
+        candidates = self.selection.gpus if explicit else select_gpus(self.inventory).gpus
+        return acquire_gpus(
+            candidates,
+            None if explicit else len(self.selection.gpus),
+            explicit=explicit,
+            wait=self.opts.wait_for_gpus,
+            timeout_s=self.opts.busy_timeout_s,
+            progress=self._progress(),
+            lease_dir=self._lease_dir(),
+            command=self.opts.extra.get("command_line"),
+        )
+
+    def cleanup_or_wait(self) -> None:
+        """train/run/cleanup stop leftover holders and wait for memory; with --no-cleanup, train/run still
+        give busy GPUs until --busy-timeout to come free. health and dry runs wait for nothing."""
+        opts, backend, indices = self.opts, self.backend, self.indices
+        if backend is None or not indices:
+            return
+        t = time.perf_counter()
+        assert self.selection is not None
+        if opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
             from podguard.preflight.cleanup.executor import execute_cleanup, plan_cleanup
 
             plan = plan_cleanup(
@@ -174,208 +252,134 @@ def run_preflight(
                 dev_dir=opts.dev_dir,
                 protect=opts.protect,
                 patterns=opts.kill_patterns,
-                snapshots={s.index: s for s in inventory},
+                snapshots={s.index: s for s in self.inventory},
+                mig=self.selection.mig_devices,
+                leased=self.leased_by_others,
             )
-            progress = None if quiet else (lambda text: _emit(out, False, f"podguard: {text}"))
-            result = execute_cleanup(
+            self.cleanup = execute_cleanup(
                 plan,
                 backend,
                 grace_s=opts.grace_s,
                 busy_timeout_s=opts.busy_timeout_s,
                 idle_memory_mib=opts.idle_memory_mib,
                 dry_run=opts.dry_run,
-                progress=progress,
+                progress=self._progress(),
             )
-            payload["cleanup"] = result.to_dict()
-            t = timings.mark("cleanup", t)
-        elif backend is not None and indices and opts.command in ("train", "run"):
-            # --no-cleanup: kill nothing, but still give busy GPUs until --busy-timeout to come free
+            self.payload["cleanup"] = self.cleanup.to_dict()
+            self.idle_states = dict(self.cleanup.states)
+            if not opts.dry_run:
+                self.waited_s = self.cleanup.timings_ms.get("wait_idle", 0.0) / 1000.0
+            self.timings.mark("cleanup", t)
+        elif opts.command in ("train", "run"):
             from podguard.preflight.cleanup.executor import wait_for_idle
 
-            wait_for_idle(
+            self.idle_states = wait_for_idle(
                 backend,
                 indices,
                 deadline=time.monotonic() + opts.busy_timeout_s,
                 idle_memory_mib=opts.idle_memory_mib,
                 dev_dir=opts.dev_dir,
+                mig=mig_scope({s.index: s for s in self.inventory}, self.selection.mig_devices),
+                progress=self._progress(),
             )
-            t = timings.mark("wait_idle", t)
-        if opts.command == "cleanup":
-            gate = _judge(backend, indices, opts, probes={}, xids=[], hardware=False)
-        elif backend is not None and indices:
-            gate = _gate(backend, selection, indices, opts, timings)
-        else:
+            self.waited_s = time.perf_counter() - t
+            self.payload["wait"] = {str(i): s.to_dict() for i, s in self.idle_states.items()}
+            self.timings.mark("wait_idle", t)
+
+    def judge(self) -> None:
+        from podguard.preflight.gate import stage
+
+        t = time.perf_counter()
+        backend, indices, selection = self.backend, self.indices, self.selection
+        if backend is None or not indices or selection is None:
             gate = GateResult(())
-        t = timings.mark("gate", t)
-        payload["gate"] = {"verdicts": [v.to_dict() for v in gate.verdicts], "xids": [asdict(x) for x in gate.xids]}
-        exit_code = gate.exit_code
-        if exit_code == ExitCode.GPUS_BUSY:
-            busy = [str(v.index) for v in gate.verdicts if v.verdict is Verdict.BUSY]
-            message = f"GPU(s) {','.join(busy)} still busy after waiting {opts.busy_timeout_s:g}s"
-        elif exit_code == ExitCode.GPU_UNHEALTHY:
-            bad = [str(v.index) for v in gate.verdicts if v.verdict is Verdict.UNHEALTHY]
-            message = f"GPU(s) {','.join(bad)} failed the health check"
-    except PodguardError as exc:
-        exit_code, message = exc.code, exc.message
-    finally:
-        if backend is not None:
-            backend.close()
-        if lease is not None and exit_code != ExitCode.OK:
-            lease.release()
-            lease = None
+        else:
+            mig = mig_scope({s.index: s for s in self.inventory}, selection.mig_devices)
+            if self.opts.command == "cleanup":
+                gate = stage.gate_free_now(backend, indices, self.opts, mig)
+            else:
+                targets = [(g.index, g.visible_id) for g in selection.gpus]
+                gate = stage.gate_hardware(
+                    backend, targets, self.opts, mig=mig, in_use=self.in_use, mark=self.timings.mark
+                )
+            gate = stage.follow_cleanup(gate, self.idle_states)
+        self.gate = gate
+        self.timings.mark("gate", t)
+        self.payload["gate"] = gate.to_dict()
+        self.exit_code = gate.exit_code
+        self.message = self._message(gate)
 
-    verdict = (
-        "pass"
-        if exit_code == 0
-        else {64: "bad-input", 69: "missing", 75: "busy", 76: "unhealthy"}.get(exit_code, "fail")
-    )
-    payload.update(
-        verdict=verdict,
-        exit_code=exit_code,
-        message=message,
-        selection=selection.to_dict() if selection else None,
-        recommendations=_recommendations(exit_code, gate, nvml_failure),
-    )
-    payload["timings_ms"] = {**timings.phases, "total": timings.total_ms(), "imports_not_in_total": imports_ms}
-    report_path: Path | None = None
-    try:
-        report_path = write_report(state, opts.command, payload)
-        payload["report_path"] = str(report_path)
-    except OSError as exc:
-        payload["warnings"].append(f"could not write the report: {exc}")
-    if exit_code == ExitCode.USAGE:
-        # bad input: one line naming the bad value; nothing was done, so no summary to read
-        summary = f"podguard: error: {message}"
-    else:
-        summary = format_summary(payload)
-    _emit(out, quiet, summary)
-    return PreflightResult(exit_code, selection, report_path, summary, message, lease)
+    # -- verdict and report --------------------------------------------------------------------------
 
+    def _message(self, gate: GateResult) -> str:
+        """One line saying what actually happened (no wait -> no "after waiting")."""
+        if gate.exit_code == ExitCode.GPU_UNHEALTHY:
+            return f"GPU(s) {_ids(gate.indices(Verdict.UNHEALTHY))} failed the health check"
+        parts = []
+        busy, unknown = gate.indices(Verdict.BUSY), gate.indices(Verdict.UNKNOWN)
+        if busy:
+            waited = self.waited_s
+            after = f" after waiting {_seconds(waited)}" if waited is not None and waited >= 0.05 else ""
+            parts.append(f"GPU(s) {_ids(busy)} {'still busy' if after else 'busy'}{after}")
+        if unknown:
+            parts.append(f"cannot tell whether GPU(s) {_ids(unknown)} are free (NVML could not answer)")
+        for r in self.cleanup.respawners if self.cleanup else ():
+            if not r.stopped:
+                parts.append(f"pid {r.pid} ({r.cmdline[:60]}) keeps starting processes that hold the GPU")
+        return "; ".join(parts)
 
-def _lease(
-    opts: PreflightOptions, selection: Selection, inventory: list[GpuSnapshot], out: TextIO, quiet: bool
-) -> GpuLease:
-    """Lease the selected GPUs so a concurrent run neither lands on them nor "cleans up" our workers.
+    def _recommendations(self) -> list[str]:
+        recs: list[str] = []
+        if self.nvml_failure:
+            recs.append("stop and start the pod (a container restart keeps the same driver state), or move machines")
+        gate = self.gate
+        if self.exit_code == ExitCode.GPUS_BUSY:
+            recs.append("retry later, or run `podguard cleanup` / `podguard doctor` to see who holds the GPUs")
+            if gate is not None and gate.has(Finding.PHANTOM_MEMORY):
+                recs.append("phantom memory persists across container restarts: stop and start the pod")
+        if self.exit_code == ExitCode.GPU_UNHEALTHY and gate is not None:
+            recs.append(
+                f"GPU(s) {_ids(gate.indices(Verdict.UNHEALTHY))} failed the health check: exclude them with GPU_LIST, "
+                "or stop and start the pod (`podguard pod heal`), or move to another machine"
+            )
+        if self.cleanup is not None:
+            recs.extend(self.cleanup.recommendations)  # printed, not only stored
+        return list(dict.fromkeys(recs))
 
-    An explicit list (GPU_LIST / CUDA_VISIBLE_DEVICES) must be leased exactly (refused, exit 75, or
-    waited for with --wait-for-gpus); otherwise any free GPUs of the node will do, as many as selected.
-    """
-    from podguard.preflight.leases import acquire_gpus
+    def report(self, state: Path) -> PreflightResult:
+        self.payload.update(
+            verdict=verdict_word(self.exit_code).lower(),
+            exit_code=int(self.exit_code),
+            message=self.message,
+            selection=self.selection.to_dict() if self.selection else None,
+            recommendations=self._recommendations(),
+        )
+        self.payload["timings_ms"] = {
+            **self.timings.phases,
+            "total": self.timings.total_ms(),
+            "imports_not_in_total": self.imports_ms,
+        }
+        report_path = write_report(state, self.opts.command, self.payload)  # best effort: None + one warning
+        if report_path is not None:
+            self.payload["report_path"] = str(report_path)
+        if self.exit_code == ExitCode.USAGE:
+            summary = f"podguard: error: {self.message}"  # bad input: one line naming it; nothing was done
+        else:
+            summary = format_summary(self.payload)
+        self._emit(summary)
+        return PreflightResult(self.exit_code, self.selection, report_path, summary, self.message, self.lease)
 
-    explicit = selection.source in ("GPU_LIST", "CUDA_VISIBLE_DEVICES")
-    candidates = selection.gpus if explicit else select_gpus(inventory).gpus
-    progress = None if quiet else (lambda text: _emit(out, False, f"podguard: {text}"))
-    return acquire_gpus(
-        candidates,
-        None if explicit else len(selection.gpus),
-        explicit=explicit,
-        wait=opts.wait_for_gpus,
-        timeout_s=opts.busy_timeout_s,
-        progress=progress,
-        lease_dir=opts.lease_dir,
-        command=opts.extra.get("command_line"),
-    )
+    def _progress(self) -> Callable[[str], None] | None:
+        return None if self.quiet else (lambda text: self._emit(f"podguard: {text}"))
 
-
-def _skip_leased(selection: Selection, opts: PreflightOptions) -> tuple[Selection, list[str]]:
-    """`podguard cleanup` never touches GPUs that a live podguard run holds a lease on: those are its job."""
-    from podguard.preflight.leases import current_gpu_leases, gpu_lease_key
-
-    held = current_gpu_leases(opts.lease_dir)
-    if not held:
-        return selection, []
-    keep, notes = [], []
-    for gpu in selection.gpus:
-        key = gpu_lease_key(gpu)
-        if key not in held:
-            keep.append(gpu)
-            continue
-        holder = held[key]
-        notes.append(f"GPU {gpu.index} skipped: leased by {holder.describe() if holder else 'another podguard run'}")
-    return replace(selection, gpus=tuple(keep)), notes
+    def _emit(self, text: str) -> None:
+        if not self.quiet and text:
+            print(text, file=self.out, flush=True)
 
 
-def _gate(
-    backend: GpuBackend, selection: Selection, indices: list[int], opts: PreflightOptions, timings: Timings
-) -> GateResult:
-    """NVML checks first; then the probe on GPUs that passed them, with XID events watched meanwhile."""
-    nvml_only = _judge(backend, indices, opts, probes={}, xids=[], hardware=True)
-    candidates = [v.index for v in nvml_only.verdicts if v.verdict is Verdict.HEALTHY]
-    probe_mode = opts.probe
-    if probe_mode == "auto":
-        from podguard.preflight.gate.probe import cuda_probe_available
-
-        probe_mode = "cuda" if (opts.probe_cmd or cuda_probe_available()) else "off"
-    if probe_mode == "off" and opts.probe_cmd is None:
-        if opts.xid_window_s > 0 and candidates:
-            xids = backend.watch_xid(candidates, opts.xid_window_s)
-            return _judge(backend, indices, opts, probes={}, xids=xids, hardware=True)
-        return nvml_only
-    if not candidates:
-        return nvml_only
-    t = time.perf_counter()
-    targets = []
-    for gpu in selection.gpus:
-        if gpu.index in candidates and gpu.index not in {i for i, _ in targets}:
-            targets.append((gpu.index, gpu.visible_id))
-    from podguard.preflight.gate.probe import run_probes
-
-    watcher = XidWatcher(backend, candidates, opts.probe_timeout_s + 1.0)
-    results = run_probes(targets, timeout_s=opts.probe_timeout_s, probe_cmd=opts.probe_cmd)
-    xids = watcher.stop()
-    timings.mark("probe", t)
-    probes = {r.index: ProbeEvidence(r.ok, r.reason, r.duration_ms, busy=r.busy) for r in results}
-    return _judge(backend, indices, opts, probes=probes, xids=xids, hardware=True)
+def _ids(indices: list[int]) -> str:
+    return ",".join(map(str, indices))
 
 
-def _judge(
-    backend: GpuBackend | None,
-    indices: list[int],
-    opts: PreflightOptions,
-    *,
-    probes: dict[int, ProbeEvidence],
-    xids: list[XidEvent],
-    hardware: bool,
-) -> GateResult:
-    if backend is None:
-        return GateResult(())
-    thresholds = GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c, opts.fail_on_warnings)
-    snaps = [backend.snapshot(i) for i in indices]
-    if not hardware:
-        # `podguard cleanup` answers one question: is the GPU free now?
-        verdicts = []
-        for snap in snaps:
-            busy = busy_reasons(snap, opts.idle_memory_mib)
-            verdicts.append(GpuVerdict(snap.index, snap.uuid, Verdict.BUSY if busy else Verdict.HEALTHY, tuple(busy)))
-        return GateResult(tuple(verdicts))
-    return judge_all(snaps, thresholds, probes=probes, xids=xids)
-
-
-class XidWatcher:
-    """Collects XID events in a background thread while the probe children run.
-
-    NVML's event wait blocks; the `stop` event lets the backend end the wait within its poll slice as soon
-    as the probes are done, so the gate window costs no more than the probes themselves.
-    """
-
-    def __init__(self, backend: GpuBackend, indices: list[int], timeout_s: float) -> None:
-        self._events: list[XidEvent] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(backend, indices, timeout_s), daemon=True)
-        self._thread.start()
-
-    def _run(self, backend: GpuBackend, indices: list[int], timeout_s: float) -> None:
-        try:
-            self._events.extend(backend.watch_xid(indices, timeout_s, stop=self._stop))
-        except Exception as exc:  # a watcher failure must never fail the gate by itself
-            logging.getLogger("podguard.preflight.pipeline").debug("XID watch failed: %s", exc)
-
-    def stop(self) -> list[XidEvent]:
-        self._stop.set()
-        self._thread.join(timeout=0.5)
-        return list(self._events)
-
-
-def _emit(out: TextIO, quiet: bool, text: str) -> None:
-    if not quiet and text:
-        print(text, file=out, flush=True)
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 10 else f"{value:.0f}s"

@@ -1,21 +1,39 @@
 """Which GPUs this node will use: GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE / expected count.
 
-NVML numbers GPUs in PCI bus order; CUDA's default order is "fastest first". Children are therefore
-given the selected GPUs by UUID (and CUDA_DEVICE_ORDER=PCI_BUS_ID), so "GPU 2" means the same card in
-podguard's report, in nvidia-smi and inside the training process.
+    selection = select_gpus(inventory, gpu_list="0,1")
+    selection.child_env()   # {"CUDA_VISIBLE_DEVICES": "GPU-...,GPU-...", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+Children get the selected GPUs by UUID (and CUDA_DEVICE_ORDER=PCI_BUS_ID), so "GPU 2" is the same card in
+podguard's report, in nvidia-smi and inside the training process (docs/gate.md, "Selection").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.gpu.backend import GpuSnapshot
+from podguard.records import Record
+
+if TYPE_CHECKING:
+    from podguard.preflight.options import PreflightOptions
+
+__all__ = [
+    "ON_FEWER_CHOICES",
+    "SelectedGpu",
+    "Selection",
+    "mig_scope",
+    "parse_count",
+    "parse_gpu_list",
+    "select_for",
+    "select_gpus",
+]
 
 
 @dataclass(frozen=True)
-class SelectedGpu:
+class SelectedGpu(Record):
     index: int  # NVML index (PCI bus order), used for labels like "GPU2"
     uuid: str | None  # "GPU-..." (None only where NVML could not report it)
     visible_id: str  # what to put in CUDA_VISIBLE_DEVICES for this GPU: UUID, MIG UUID, or index
@@ -23,7 +41,7 @@ class SelectedGpu:
 
 
 @dataclass(frozen=True)
-class Selection:
+class Selection(Record):
     gpus: tuple[SelectedGpu, ...]
     source: str  # "GPU_LIST", "CUDA_VISIBLE_DEVICES", "all", "none"
     inventory_count: int
@@ -44,14 +62,17 @@ class Selection:
             return {"CUDA_VISIBLE_DEVICES": ""}
         return {"CUDA_VISIBLE_DEVICES": ",".join(g.visible_id for g in self.gpus), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "source": self.source,
-            "inventory_count": self.inventory_count,
-            "expected": self.expected,
-            "gpus": [{"index": g.index, "uuid": g.uuid, "visible_id": g.visible_id, "name": g.name} for g in self.gpus],
-            "child_env": self.child_env(),
-        }
+    @property
+    def mig_devices(self) -> dict[int, tuple[str, ...]]:
+        """GPU index -> the selected MIG devices of it (only GPUs selected by MIG device)."""
+        out: dict[int, list[str]] = {}
+        for g in self.gpus:
+            if g.visible_id.startswith("MIG-"):
+                out.setdefault(g.index, []).append(g.visible_id)
+        return {i: tuple(m) for i, m in out.items()}
+
+    def derived(self) -> dict[str, Any]:
+        return {"child_env": self.child_env()}
 
     def child_env_for(self, position: int) -> dict[str, str]:
         """Environment for a child that should see only the `position`-th selected GPU (per-gpu mode)."""
@@ -149,6 +170,52 @@ def parse_gpu_list(raw: str, what: str, inventory: Sequence[GpuSnapshot]) -> tup
     return tuple(chosen)
 
 
+def _requested(
+    inventory: Sequence[GpuSnapshot], gpu_list: str | None, cuda_visible_devices: str | None, warnings: list[str]
+) -> tuple[str, str | None, tuple[SelectedGpu, ...] | None]:
+    """(source, its raw value, the GPUs it names) by precedence: GPU_LIST, CUDA_VISIBLE_DEVICES, all."""
+    count = len(inventory)
+    if gpu_list is not None and gpu_list.strip() != "":
+        if cuda_visible_devices not in (None, "") and cuda_visible_devices != gpu_list:
+            warnings.append(
+                f"GPU_LIST={gpu_list!r} takes precedence over CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
+            )
+        return "GPU_LIST", gpu_list, parse_gpu_list(gpu_list, "GPU_LIST", inventory) if count else None
+    if cuda_visible_devices is not None:
+        chosen = parse_gpu_list(cuda_visible_devices, "CUDA_VISIBLE_DEVICES", inventory) if count else ()
+        return "CUDA_VISIBLE_DEVICES", cuda_visible_devices, chosen
+    return "all", None, tuple(g for gpu in inventory for g in _expand(gpu))
+
+
+def _no_gpu_node(
+    source: str, raw: str | None, require_gpu: bool, expected: int | None, warnings: list[str]
+) -> Selection:
+    """A node without GPUs: 69 when GPUs are required (an explicit "no GPU" list does not require one)."""
+    wanted = [
+        name
+        for name, flag in (
+            ("GPU_LIST", source == "GPU_LIST" and (raw or "").strip().lower() not in _NO_GPU_TOKENS),
+            ("--require-gpu", require_gpu),
+            (f"expect-gpus={expected}", bool(expected)),
+        )
+        if flag
+    ]
+    if wanted:
+        raise PodguardError(
+            f"no GPU on this node, but GPUs are required ({', '.join(wanted)}); "
+            "start the container with the GPU runtime or pick a GPU pod",
+            ExitCode.GPUS_MISSING,
+        )
+    warnings.append("NO GPU FOUND: running on CPU only (set --require-gpu to make this an error)")
+    return Selection((), "none", 0, expected, tuple(warnings))
+
+
+def _fewer(message: str, on_fewer: str, hint: str, warnings: list[str], using: int) -> None:
+    if on_fewer == "fail":
+        raise PodguardError(f"{message}; {hint}", ExitCode.GPUS_MISSING)
+    warnings.append(f"FEWER GPUS THAN EXPECTED: {message}; continuing with {using}")
+
+
 def select_gpus(
     inventory: Sequence[GpuSnapshot],
     *,
@@ -162,7 +229,8 @@ def select_gpus(
     """Decide which GPUs this node uses. Precedence: GPU_LIST, then CUDA_VISIBLE_DEVICES, then all.
 
     Indices are NVML indices (the numbers nvidia-smi shows), whatever CUDA_DEVICE_ORDER says, so that a
-    user's "GPU 2" is the card nvidia-smi calls 2.
+    user's "GPU 2" is the card nvidia-smi calls 2. An explicit list that selects no GPU on a node that
+    has some (GPU_LIST=-1) is a loud warning, and with `require_gpu` a usage error (64).
     """
     if on_fewer not in ON_FEWER_CHOICES:
         raise UsageError(f"on-fewer-gpus={on_fewer!r} is not valid; choose one of: {', '.join(ON_FEWER_CHOICES)}")
@@ -170,63 +238,56 @@ def select_gpus(
     expected = parse_count(expect_gpus, "expect-gpus", minimum=0)
     count = len(inventory)
     warnings: list[str] = []
-
-    if gpu_list is not None and gpu_list.strip() != "":
-        source = "GPU_LIST"
-        chosen = parse_gpu_list(gpu_list, "GPU_LIST", inventory) if count else None
-        if cuda_visible_devices not in (None, "") and cuda_visible_devices != gpu_list:
-            warnings.append(
-                f"GPU_LIST={gpu_list!r} takes precedence over CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}"
-            )
-    elif cuda_visible_devices is not None:
-        source = "CUDA_VISIBLE_DEVICES"
-        chosen = parse_gpu_list(cuda_visible_devices, "CUDA_VISIBLE_DEVICES", inventory) if count else ()
-    else:
-        source = "all"
-        chosen = tuple(g for gpu in inventory for g in _expand(gpu))
-
+    source, raw, chosen = _requested(inventory, gpu_list, cuda_visible_devices, warnings)
     if count == 0:
-        wanted = [
-            name
-            for name, flag in (
-                ("GPU_LIST", source == "GPU_LIST"),
-                ("--require-gpu", require_gpu),
-                (f"expect-gpus={expected}", bool(expected)),
-            )
-            if flag
-        ]
-        if wanted:
-            raise PodguardError(
-                f"no GPU on this node, but GPUs are required ({', '.join(wanted)}); "
-                "start the container with the GPU runtime or pick a GPU pod",
-                ExitCode.GPUS_MISSING,
-            )
-        warnings.append("NO GPU FOUND: running on CPU only (set --require-gpu to make this an error)")
-        return Selection((), "none", 0, expected, tuple(warnings))
-
+        return _no_gpu_node(source, raw, require_gpu, expected, warnings)
     assert chosen is not None
     if expected is not None and count < expected:
-        message = f"expected {expected} GPUs but this node has {count}"
-        if on_fewer == "fail":
-            raise PodguardError(
-                f"{message}; a GPU may have failed or the pod is smaller than assumed "
-                "(use --on-fewer-gpus continue to run on what is there)",
-                ExitCode.GPUS_MISSING,
-            )
-        warnings.append(f"FEWER GPUS THAN EXPECTED: {message}; continuing with {count}")
-
-    if nproc is not None:
-        if nproc < len(chosen):
-            warnings.append(f"NPROC_PER_NODE={nproc}: using the first {nproc} of {len(chosen)} selected GPUs")
-            chosen = chosen[:nproc]
-        elif nproc > len(chosen):
-            message = f"NPROC_PER_NODE={nproc} but only {len(chosen)} GPU(s) selected ({source})"
-            if on_fewer == "fail":
-                raise PodguardError(
-                    f"{message}; lower NPROC_PER_NODE or use --on-fewer-gpus continue", ExitCode.GPUS_MISSING
-                )
-            warnings.append(f"FEWER GPUS THAN EXPECTED: {message}; continuing with {len(chosen)}")
-
+        hint = "a GPU may have failed or the pod is smaller than assumed"
+        hint += " (use --on-fewer-gpus continue to run on what is there)"
+        _fewer(f"expected {expected} GPUs but this node has {count}", on_fewer, hint, warnings, count)
+    if nproc is not None and nproc < len(chosen):
+        warnings.append(f"NPROC_PER_NODE={nproc}: using the first {nproc} of {len(chosen)} selected GPUs")
+        chosen = chosen[:nproc]
+    elif nproc is not None and nproc > len(chosen):
+        message = f"NPROC_PER_NODE={nproc} but only {len(chosen)} GPU(s) selected ({source})"
+        _fewer(message, on_fewer, "lower NPROC_PER_NODE or use --on-fewer-gpus continue", warnings, len(chosen))
     if source != "all" and not chosen:
-        warnings.append(f"{source} selects no GPU: running on CPU only")
+        if require_gpu:
+            raise UsageError(
+                f"{source}={raw!r} selects no GPU, but --require-gpu asks for one; {_valid_range(count)}: "
+                f"unset {source} or name GPUs in it"
+            )
+        warnings.append(
+            f"{source}={raw!r} selects no GPU although this node has {count}: running on CPU only "
+            f"(unset {source} to use the GPUs)"
+        )
     return Selection(tuple(chosen), source, count, expected, tuple(warnings))
+
+
+def select_for(opts: PreflightOptions, inventory: Sequence[GpuSnapshot]) -> Selection:
+    """The selection a preflight's options ask for on this inventory (UsageError 64 / PodguardError 69)."""
+    return select_gpus(
+        inventory,
+        gpu_list=opts.gpu_list,
+        cuda_visible_devices=opts.cuda_visible_devices,
+        nproc_per_node=opts.nproc_per_node,
+        expect_gpus=opts.expect_gpus,
+        on_fewer=opts.on_fewer,
+        require_gpu=opts.require_gpu,
+    )
+
+
+def mig_scope(
+    snapshots: Mapping[int, GpuSnapshot] | None, devices: Mapping[int, Sequence[str]] | None
+) -> dict[int, tuple[str, ...]]:
+    """MIG-enabled GPU -> the MIG devices to work on: the ones asked for, else all of its devices."""
+    out: dict[int, tuple[str, ...]] = {}
+    for index, snap in (snapshots or {}).items():
+        if snap.mig_enabled and snap.mig_devices:
+            wanted = tuple((devices or {}).get(index) or ())
+            out[index] = wanted or tuple(m.uuid for m in snap.mig_devices)
+    for index, uuids in (devices or {}).items():
+        if uuids and index not in out:
+            out[index] = tuple(uuids)
+    return out

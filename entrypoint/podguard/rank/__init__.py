@@ -16,11 +16,36 @@ Importing this package is cheap (standard library only): torch is imported insid
 need it, so the lock can be taken *before* torch is imported.
 """
 
-from podguard.rank.config import PRESETS, TrainConfig, build_config, load_config_file, preset
-from podguard.rank.init import RankContext, init_rank, read_dist_env, resolve_device_index
-from podguard.rank.lock import LockHold, serialized
-from podguard.rank.memlog import MemorySample, log_memory, sample_memory
-from podguard.rank.nanguard import NanGuard, NonFiniteError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from podguard.rank.config import PRESETS, TrainConfig, build_config, load_config_file, preset
+    from podguard.rank.init import RankContext, init_rank, read_dist_env, resolve_device_index
+    from podguard.rank.lock import LockHold, serialized
+    from podguard.rank.memlog import MemorySample, log_memory, sample_memory
+    from podguard.rank.nanguard import NanGuard, NonFiniteError
+
+# Loaded on first use, so that `python -m podguard.rank.wrap` (started once per torchrun rank) imports
+# only what it needs.
+_HOMES = {
+    "PRESETS": "config", "TrainConfig": "config", "build_config": "config", "load_config_file": "config",
+    "preset": "config", "RankContext": "init", "init_rank": "init", "read_dist_env": "init",
+    "resolve_device_index": "init", "LockHold": "lock", "serialized": "lock", "MemorySample": "memlog",
+    "log_memory": "memlog", "sample_memory": "memlog", "NanGuard": "nanguard", "NonFiniteError": "nanguard",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'podguard.rank' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"podguard.rank.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "PRESETS",

@@ -1,11 +1,9 @@
-"""Training presets and config files, validated with one-line errors.
+"""Training presets and config files, validated with one-line errors (UsageError: exit 64).
 
-Seed: "debug mode" (2 layers, 10 steps, NaN detection) vs "production mode" (32 layers, 10000 steps)
-chosen by a flag, plus JSON config files that were read with `json.load` and used unchecked, so a typo
-("stpes") silently trained with the default. Here every key is known, every value is checked, and an
-error names the file, the key, the bad value and what is valid (UsageError: exit 64).
+    config = build_config("ci", "train.toml", {"steps": 500})   # preset < config file < explicit overrides
 
-Precedence: preset < config file < explicit overrides (command-line flags).
+Every key is known and every value checked: a typo ("stpes") is an error naming the file, the key, the
+bad value and what is valid, never a silent default.
 """
 
 from __future__ import annotations

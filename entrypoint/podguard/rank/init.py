@@ -1,20 +1,12 @@
 """`init_rank`: bring one training process up on the right device and into its process group.
 
-This is the seeds' `compute_init` done right. The seed crashed with "invalid device ordinal" when
-LOCAL_RANK pointed past the visible GPUs, "fixed" a busy GPU by emptying a cache that did not exist yet,
-and fell back to CPU silently, so a run could train for hours on the wrong device. Here:
+    ctx = init_rank()          # checks LOCAL_RANK, claims cuda:N (one retry if busy), nccl/gloo group
+    ...
+    ctx.shutdown()
 
-* LOCAL_RANK is checked against the visible GPU count before any device call, and the error names
-  LOCAL_RANK, the count and CUDA_VISIBLE_DEVICES;
-* the device is claimed by creating its context explicitly, so a "busy or unavailable" GPU is detected
-  here (not at the first forward pass), retried once after a short bounded backoff, and then reported
-  with an exit code that says what it is (75 busy, 76 unhealthy, 69 missing);
-* CPU fallback happens only when the caller allows it, and then with a loud banner;
-* nccl on GPU, gloo on CPU, and the process group only when WORLD_SIZE > 1;
-* one line per rank says what came out: rank, local rank, device, GPU name and UUID, backend.
-
-torch is imported inside the functions: training scripts import this module before their heavy imports
-(and under the import lock), so importing it must cost nothing.
+Errors say what they are (64 bad env, 69 no GPU, 75 busy, 76 unhealthy); CPU fallback only when allowed,
+with a loud banner. torch is imported inside the functions, so importing this module costs nothing.
+The reasons: docs/rank.md.
 """
 
 from __future__ import annotations
@@ -199,6 +191,129 @@ def claim_cuda_device(torch_mod: Any, index: int, *, backoff_s: float, rank: int
             raise
 
 
+@dataclass(frozen=True)
+class _Device:
+    """Where this rank runs, and why it is not on its GPU when it should be."""
+
+    name: str = "cpu"  # "cuda:N" or "cpu"
+    gpu_name: str = ""
+    gpu_uuid: str = ""
+    fallback_reason: str = ""  # non-empty: a GPU was expected but the CPU is used
+    fallback_code: int = ExitCode.GPUS_MISSING
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.name.startswith("cuda")
+
+
+def _check_arguments(backend: str | None, device: str, timeout_s: float, retry_backoff_s: float) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise UsageError(f"backend={backend!r} is not valid; valid: {', '.join(BACKENDS)} or None (automatic)")
+    if device not in DEVICES:
+        raise UsageError(f"device={device!r} is not valid; valid: {', '.join(DEVICES)}")
+    if backend == "nccl" and device == "cpu":
+        raise UsageError("backend='nccl' needs GPUs but device='cpu'; use backend='gloo' on CPU")
+    if not timeout_s > 0:
+        raise UsageError(f"timeout_s={timeout_s!r} must be > 0")
+    if not 0 <= retry_backoff_s <= 2:
+        raise UsageError(f"retry_backoff_s={retry_backoff_s!r} must be between 0 and 2 seconds")
+
+
+def _claim_gpu(torch_mod: Any, dist_env: DistEnv, allow_cpu_fallback: bool, retry_backoff_s: float) -> _Device:
+    """This rank's GPU, claimed now (a busy/broken GPU shows up here); a fallback record when allowed."""
+    rank = dist_env.rank
+    index, how = resolve_device_index(dist_env.local_rank, torch_mod.cuda.device_count())
+    try:
+        claim_cuda_device(torch_mod, index, backoff_s=retry_backoff_s, rank=rank)
+    except RuntimeError as exc:
+        code = ExitCode.GPUS_BUSY if is_busy_error(exc) else ExitCode.GPU_UNHEALTHY
+        reason = f"cuda:{index} could not be used: {_first_line(exc)}"
+        if not allow_cpu_fallback:
+            raise PodguardError(f"rank {rank}: {reason}", code) from exc
+        return _Device(fallback_reason=reason, fallback_code=code)
+    if how != f"LOCAL_RANK={dist_env.local_rank}":
+        emit(f"[rank {rank}] INIT: using cuda:{index} ({how})")
+    gpu_name, gpu_uuid = _gpu_identity(torch_mod, index)
+    return _Device(f"cuda:{index}", gpu_name, gpu_uuid)
+
+
+def _pick_device(
+    torch_mod: Any, dist_env: DistEnv, device: str, allow_cpu_fallback: bool, retry_backoff_s: float
+) -> _Device:
+    if device == "cpu":
+        return _Device()
+    if torch_mod.cuda.is_available():
+        return _claim_gpu(torch_mod, dist_env, allow_cpu_fallback, retry_backoff_s)
+    if device != "cuda" and not _gpus_expected(torch_mod):
+        return _Device()  # a CPU node: nothing is wrong
+    reason = (
+        f"CUDA is not available (torch {torch_mod.__version__}, CUDA build: "
+        f"{torch_mod.version.cuda or 'no (CPU-only build)'}, "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
+    )
+    if not allow_cpu_fallback:
+        raise PodguardError(
+            f"rank {dist_env.rank}: {reason}; run `podguard doctor`, or allow CPU fallback", ExitCode.GPUS_MISSING
+        )
+    return _Device(fallback_reason=reason)
+
+
+def _pick_backend(backend: str | None, dev: _Device, dist_env: DistEnv) -> str:
+    """nccl on GPU, gloo on CPU, unless the caller chose; refuses mixes that would hang the other ranks."""
+    rank = dist_env.rank
+    chosen = backend or ("nccl" if dev.is_cuda else "gloo")
+    if chosen == "nccl" and not dev.is_cuda:
+        raise PodguardError(
+            f"rank {rank}: backend nccl needs a GPU but this rank is on CPU ({dev.fallback_reason or 'no GPU'}); "
+            "the other ranks would hang waiting for it. Use backend='gloo' to allow mixed devices, or fix the GPU",
+            dev.fallback_code,
+        )
+    if dev.fallback_reason and dist_env.world_size > 1 and backend is None:
+        raise PodguardError(
+            f"rank {rank}: cannot fall back to CPU in a distributed run with the automatic backend (the other "
+            f"ranks use nccl and would hang); pass backend='gloo' to allow it. Cause: {dev.fallback_reason}",
+            dev.fallback_code,
+        )
+    return chosen
+
+
+def _announce_fallback(rank: int, reason: str) -> None:
+    emit(f"[rank {rank}] " + "!" * 72)
+    emit(f"[rank {rank}] WARNING: FALLING BACK TO CPU: {reason}")
+    emit(f"[rank {rank}] WARNING: training on CPU is orders of magnitude slower; this is almost never wanted")
+    emit(f"[rank {rank}] " + "!" * 72)
+
+
+def _join_group(torch_mod: Any, dist_env: DistEnv, backend: str, dev: _Device, timeout_s: float) -> str:
+    """Create the process group (env://, so torchrun's agent store is reused); '' or ' (... ready in Xs)'."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return ""
+    started = time.monotonic()
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = torch_mod.device(dev.name)  # binds the group to this GPU, no guessing later
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            world_size=dist_env.world_size,
+            rank=dist_env.rank,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+    except Exception as exc:
+        emit(
+            f"[rank {dist_env.rank}] INIT: process group ({backend}, {dist_env.master_addr}:{dist_env.master_port}, "
+            f"world {dist_env.world_size}) failed after {time.monotonic() - started:.1f}s: {_first_line(exc)}"
+        )
+        raise
+    return f" (process group ready in {time.monotonic() - started:.2f}s)"
+
+
 def init_rank(
     *,
     backend: str | None = None,
@@ -215,115 +330,31 @@ def init_rank(
     collectives. Raises UsageError (64) for bad env or arguments, PodguardError with 69 (no GPU), 75
     (GPU busy after the retry) or 76 (GPU failed) unless CPU fallback is allowed.
     """
-    if backend is not None and backend not in BACKENDS:
-        raise UsageError(f"backend={backend!r} is not valid; valid: {', '.join(BACKENDS)} or None (automatic)")
-    if device not in DEVICES:
-        raise UsageError(f"device={device!r} is not valid; valid: {', '.join(DEVICES)}")
-    if backend == "nccl" and device == "cpu":
-        raise UsageError("backend='nccl' needs GPUs but device='cpu'; use backend='gloo' on CPU")
-    if not timeout_s > 0:
-        raise UsageError(f"timeout_s={timeout_s!r} must be > 0")
-    if not 0 <= retry_backoff_s <= 2:
-        raise UsageError(f"retry_backoff_s={retry_backoff_s!r} must be between 0 and 2 seconds")
+    _check_arguments(backend, device, timeout_s, retry_backoff_s)
     dist_env = read_dist_env()
-    rank = dist_env.rank
-
     import torch
 
-    dev = "cpu"
-    gpu_name = gpu_uuid = ""
-    fallback_reason = ""
-    fallback_code: int = ExitCode.GPUS_MISSING
-    if device != "cpu":
-        if torch.cuda.is_available():
-            index, how = resolve_device_index(dist_env.local_rank, torch.cuda.device_count())
-            try:
-                claim_cuda_device(torch, index, backoff_s=retry_backoff_s, rank=rank)
-                dev = f"cuda:{index}"
-                gpu_name, gpu_uuid = _gpu_identity(torch, index)
-                if how != f"LOCAL_RANK={dist_env.local_rank}":
-                    emit(f"[rank {rank}] INIT: using cuda:{index} ({how})")
-            except RuntimeError as exc:
-                fallback_code = ExitCode.GPUS_BUSY if is_busy_error(exc) else ExitCode.GPU_UNHEALTHY
-                fallback_reason = f"cuda:{index} could not be used: {_first_line(exc)}"
-                if not allow_cpu_fallback:
-                    raise PodguardError(f"rank {rank}: {fallback_reason}", fallback_code) from exc
-        elif device == "cuda" or _gpus_expected(torch):
-            fallback_reason = (
-                f"CUDA is not available (torch {torch.__version__}, CUDA build: "
-                f"{torch.version.cuda or 'no (CPU-only build)'}, "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
-            )
-            if not allow_cpu_fallback:
-                raise PodguardError(
-                    f"rank {rank}: {fallback_reason}; run `podguard doctor`, or allow CPU fallback",
-                    ExitCode.GPUS_MISSING,
-                )
-
-    chosen = backend or ("nccl" if dev.startswith("cuda") else "gloo")
-    if chosen == "nccl" and not dev.startswith("cuda"):
-        raise PodguardError(
-            f"rank {rank}: backend nccl needs a GPU but this rank is on CPU ({fallback_reason or 'no GPU'}); "
-            "the other ranks would hang waiting for it. Use backend='gloo' to allow mixed devices, or fix the GPU",
-            fallback_code,
-        )
-    if fallback_reason and dist_env.world_size > 1 and backend is None:
-        raise PodguardError(
-            f"rank {rank}: cannot fall back to CPU in a distributed run with the automatic backend (the other "
-            f"ranks use nccl and would hang); pass backend='gloo' to allow it. Cause: {fallback_reason}",
-            fallback_code,
-        )
-    if fallback_reason:
-        emit(f"[rank {rank}] " + "!" * 72)
-        emit(f"[rank {rank}] WARNING: FALLING BACK TO CPU: {fallback_reason}")
-        emit(f"[rank {rank}] WARNING: training on CPU is orders of magnitude slower; this is almost never wanted")
-        emit(f"[rank {rank}] " + "!" * 72)
-
-    distributed = False
-    took = ""
-    if dist_env.world_size > 1:
-        import datetime
-
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            started = time.monotonic()
-            kwargs: dict[str, Any] = {}
-            if chosen == "nccl":
-                kwargs["device_id"] = torch.device(dev)  # binds the group to this GPU, no guessing later
-            try:
-                dist.init_process_group(
-                    backend=chosen,
-                    init_method="env://",  # env:// (not tcp://) so torchrun's agent store is reused
-                    world_size=dist_env.world_size,
-                    rank=rank,
-                    timeout=datetime.timedelta(seconds=timeout_s),
-                    **kwargs,
-                )
-            except Exception as exc:
-                emit(
-                    f"[rank {rank}] INIT: process group ({chosen}, {dist_env.master_addr}:{dist_env.master_port}, "
-                    f"world {dist_env.world_size}) failed after {time.monotonic() - started:.1f}s: {_first_line(exc)}"
-                )
-                raise
-            took = f" (process group ready in {time.monotonic() - started:.2f}s)"
-        distributed = True
-
+    dev = _pick_device(torch, dist_env, device, allow_cpu_fallback, retry_backoff_s)
+    chosen = _pick_backend(backend, dev, dist_env)
+    if dev.fallback_reason:
+        _announce_fallback(dist_env.rank, dev.fallback_reason)
+    distributed = dist_env.world_size > 1
+    took = _join_group(torch, dist_env, chosen, dev, timeout_s) if distributed else ""
     ctx = RankContext(
-        rank=rank,
+        rank=dist_env.rank,
         local_rank=dist_env.local_rank,
         world_size=dist_env.world_size,
-        device=dev,
+        device=dev.name,
         backend=chosen,
-        is_main=rank == 0,
+        is_main=dist_env.rank == 0,
         distributed=distributed,
-        gpu_name=gpu_name,
-        gpu_uuid=gpu_uuid,
-        cpu_fallback=bool(fallback_reason),
+        gpu_name=dev.gpu_name,
+        gpu_uuid=dev.gpu_uuid,
+        cpu_fallback=bool(dev.fallback_reason),
     )
-    gpu = f' gpu="{gpu_name}" uuid={gpu_uuid or "n/a"}' if gpu_name else ""
+    gpu = f' gpu="{dev.gpu_name}" uuid={dev.gpu_uuid or "n/a"}' if dev.gpu_name else ""
     emit(
-        f"[rank {rank}] INIT: local_rank={ctx.local_rank} world_size={ctx.world_size} device={dev}{gpu} "
+        f"[rank {ctx.rank}] INIT: local_rank={ctx.local_rank} world_size={ctx.world_size} device={dev.name}{gpu} "
         f"backend={chosen}{' (CPU FALLBACK)' if ctx.cpu_fallback else ''}{took}"
     )
     return ctx

@@ -1,16 +1,12 @@
-"""A cross-rank lock for heavy imports and kernel compiles.
+"""A cross-rank lock for heavy imports and kernel compiles (eight ranks importing at once can run the
+host out of memory), released by the kernel however its holder dies.
 
-Seed: eight ranks importing a big library and JIT-compiling CUDA kernels at the same moment ran the host
-out of memory (`std::bad_alloc` at import). Serializing that phase (or letting only N ranks through at a
-time) fixes it. The lock is `fcntl.flock` on files in a shared directory: the kernel drops it when the
-holder's file is closed, including when the holder is SIGKILLed or OOM-killed, so a dead rank can never
-leave a stale lock behind (torch's own extension-build lock is a plain file and does exactly that).
+    with serialized("import", slots=2):   # at most two ranks of this host in here at a time
+        import deepspeed
 
-Two details matter for that guarantee:
-* the files are opened with O_CLOEXEC, so a program the holder execs does not inherit the lock;
-* a child the holder *forks* (a DataLoader worker) would share the open file and keep the lock alive
-  after the holder dies, so an at-fork hook closes held lock files in every forked child (closing, not
-  unlocking: unlocking would release the parent's lock too).
+The lock files live in `<state dir>/locks/<host>/` (pods sharing a volume do not wait for each other);
+where the volume has no flock, in a host-local folder. Why flock, O_CLOEXEC and the at-fork hook:
+docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.locks import NoFlock, flock_supported, host_id, local_lock_dir, lock_blocking, open_lock, try_flock
 from podguard.rank._env import current_rank, emit
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -53,10 +50,30 @@ class LockHold:
 
 
 def lock_dir_default() -> Path:
-    """`<state dir>/locks`: shared by every rank on this node (PODGUARD_STATE_DIR moves it)."""
+    """`<state dir>/locks/<host>`: shared by every rank of this host, not by other pods on the volume."""
     from podguard.state import state_dir, subdir
 
-    return subdir(state_dir(), "locks")
+    return subdir(subdir(state_dir(), "locks"), host_id())
+
+
+def _usable(directory: Path, rank: int, log: bool) -> Path:
+    """`directory`, or a host-local one when its filesystem refuses flock (ENOLCK on some NFS mounts)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory if flock_supported(directory) else _fallback(directory, rank, log)
+
+
+def _fallback(directory: Path, rank: int, log: bool) -> Path:
+    fallback = local_lock_dir("locks")
+    if log:
+        emit(f"[rank {rank}] LOCK: {directory} has no file locks (a network volume?); using {fallback}")
+    return fallback
+
+
+def _open(path: Path) -> int:
+    try:
+        return open_lock(path)
+    except PermissionError:  # another user's lock file: flock works on a read-only fd too
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 @contextmanager
@@ -83,10 +100,13 @@ def serialized(
         raise UsageError(f"lock slots={slots!r} is not valid; it must be an integer >= 1")
     if timeout_s is not None and not timeout_s >= 0:
         raise UsageError(f"lock timeout_s={timeout_s!r} is not valid; it must be >= 0 or None (wait forever)")
-    directory = Path(lock_dir) if lock_dir is not None else lock_dir_default()
-    directory.mkdir(parents=True, exist_ok=True)
     rank = current_rank()
-    fd, slot, waited = _acquire(directory, name, slots, timeout_s, rank, log)
+    directory = _usable(Path(lock_dir) if lock_dir is not None else lock_dir_default(), rank, log)
+    try:
+        fd, slot, waited = _acquire(directory, name, slots, timeout_s, rank, log)
+    except NoFlock:  # the probe passed but the lock itself was refused: once more, host-locally
+        directory = _fallback(directory, rank, log)
+        fd, slot, waited = _acquire(directory, name, slots, timeout_s, rank, log)
     path = directory / f"{name}.{slot}.lock"
     acquired_at = time.monotonic()
     _HELD_FDS.add(fd)
@@ -99,7 +119,8 @@ def serialized(
         _HELD_FDS.discard(fd)
         with suppress(OSError):
             os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         if log:
             emit(f"[rank {rank}] LOCK: released {name!r} slot {slot} (held {time.monotonic() - acquired_at:.2f}s)")
@@ -116,7 +137,7 @@ def _acquire(
     fds: dict[int, int] = {}
     try:
         for slot in order:
-            fds[slot] = os.open(directory / f"{name}.{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fds[slot] = _open(directory / f"{name}.{slot}.lock")
         got = _try_all(fds, order)
         if got is None:
             if log:
@@ -125,7 +146,7 @@ def _acquire(
                     f"held by {_holders(fds)})"
                 )
             if slots == 1 and timeout_s is None:
-                fcntl.flock(fds[0], fcntl.LOCK_EX)
+                lock_blocking(fds[0])
                 got = 0
             else:
                 deadline = None if timeout_s is None else start + timeout_s
@@ -149,11 +170,8 @@ def _acquire(
 
 def _try_all(fds: dict[int, int], order: list[int]) -> int | None:
     for slot in order:
-        try:
-            fcntl.flock(fds[slot], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if try_flock(fds[slot]):
             return slot
-        except BlockingIOError:
-            continue
     return None
 
 

@@ -1,10 +1,9 @@
-"""Memory phase logging: one line per rank at the phases that matter (`MEM:START`, `MEM:POST-IMPORT`,
-`MEM:POST-MODEL`, ...).
+"""Memory phase logging: one line per rank at the phases that matter (`MEM:START`, `MEM:POST-IMPORT`, ...).
 
-Seed: the `std::bad_alloc` hunt was done by printing memory at these phases. Host RSS comes from
-/proc/self/status (no psutil in the training process), GPU numbers from torch's caching allocator, and
-only when CUDA is already initialised: asking earlier would create the CUDA context this line is meant
-to observe, and would import torch into a script that has not imported it yet.
+    log_memory("POST-MODEL")     # host RSS from /proc/self/status; GPU numbers once CUDA is initialised
+
+GPU numbers are read only when CUDA is already initialised (asking earlier would create the context the
+line is meant to observe). docs/rank.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""A NaN/Inf guard that every rank agrees with.
-
-Seed: a NaN on one GPU made that rank skip its optimizer step (or raise) while the other ranks went on;
-the next collective then hung until the NCCL timeout, and the only evidence was a wall of text on one
-rank's console. Here the decision is collective: each rank's "my loss or gradient norm is non-finite"
-flag is all-reduced (MAX) so every rank sees the same verdict and takes the same branch: all skip the
-step, or all stop together after K consecutive bad steps. Stopping raises `NonFiniteError`, so the
-process exits non-zero and the supervisor's fail-fast applies (instead of an endless NaN run). Each bad
-step is dumped as JSON (step, loss, grad norm, which ranks saw it, and the names and counts of
-non-finite parameters and gradients) into the state dir, where it outlives the container's console.
-
-Usage, after `loss.backward()` (DDP has all-reduced the gradients by then):
+"""A NaN/Inf guard that every rank agrees with: all ranks skip a bad step, or all stop together.
 
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if guard.check(step, loss.detach(), grad_norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)   # always, so a skipped step's bad gradients are dropped
 
-Cost on a good step: one small all-reduce and one device sync.
+Each bad step is dumped as JSON into the state dir; stopping raises `NonFiniteError`. Cost on a good step:
+one small all-reduce and one device sync. Why collective: docs/rank.md.
 """
 
 from __future__ import annotations

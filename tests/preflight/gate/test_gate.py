@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from fakes import h100
-from podguard.gpu.backend import ComputeMode, EccState, GpuProcess, XidEvent
-from podguard.preflight.gate.rules import GateThresholds, ProbeEvidence, Verdict, judge, judge_all
+from podguard.gpu.backend import ComputeMode, EccState, GpuProcess, MigDevice, XidEvent
+from podguard.preflight.gate.rules import (
+    Finding,
+    GateThresholds,
+    ProbeEvidence,
+    Verdict,
+    judge,
+    judge_all,
+    scope_to_mig,
+)
 
 T = GateThresholds()
 LIVE = GpuProcess(pid=1, used_memory=4 << 30, kind="compute")
@@ -76,3 +84,42 @@ def test_warnings_do_not_fail_unless_asked():
         assert needle in text
     strict = judge(warm, GateThresholds(fail_on_warnings=True))
     assert strict.verdict is Verdict.UNHEALTHY
+
+
+def test_unknown_memory_or_process_list_never_passes():
+    """Issue 7 item 4: what NVML cannot answer is unknown (exit 75), not idle."""
+    for snap in (h100(0, unknown=("processes: NO_PERMISSION",)), h100(0, memory_used=None)):
+        v = judge(snap, T)
+        assert v.verdict is Verdict.UNKNOWN and not v.passes and Finding.UNKNOWN in v.findings
+        assert any("cannot tell whether it is free" in r for r in v.reasons)
+    assert judge_all([h100(0, unknown=("memory: NOT_SUPPORTED",)), h100(1)], T).exit_code == 75
+    assert judge(h100(0, unknown=("memory: x",), lost=True), T).verdict is Verdict.UNHEALTHY  # hardware first
+
+
+def test_a_gpu_in_use_by_its_own_job_passes_unless_its_hardware_is_bad():
+    """Issue 7 item 7: a GPU leased by a live podguard run is in use as expected."""
+    held = h100(0, processes=(LIVE,), memory_used=4 << 30)
+    v = judge(held, T, in_use_by="podguard run pid 7 (podguard train), alive")
+    assert v.verdict is Verdict.IN_USE and v.passes and "pid 7" in v.reasons[0]
+    assert judge_all([held], T, in_use={0: "pid 7"}).exit_code == 0
+    bad = h100(0, processes=(LIVE,), ecc=EccState(enabled=True, uncorrected_volatile=1))
+    assert judge(bad, T, in_use_by="pid 7").verdict is Verdict.UNHEALTHY
+
+
+def test_phantom_memory_is_carried_as_a_finding_not_found_in_text():
+    phantom = judge_all([h100(1, memory_used=2 << 30)], T)
+    assert phantom.has(Finding.PHANTOM_MEMORY) and not phantom.has(Finding.HOLDERS)
+    assert judge_all([h100(1, processes=(LIVE,), memory_used=2 << 30)], T).has(Finding.HOLDERS)
+
+
+def test_a_mig_gpu_is_judged_by_its_selected_devices():
+    slices = (
+        MigDevice("MIG-a", memory_used=0),
+        MigDevice("MIG-b", memory_used=4 << 30, processes=(LIVE,)),
+    )
+    parent = h100(0, mig_enabled=True, mig_devices=slices, memory_used=None, unknown=("processes: NO_PERMISSION",))
+    assert judge(scope_to_mig(parent, ["MIG-a"]), T).verdict is Verdict.HEALTHY
+    assert judge(scope_to_mig(parent, ["MIG-b"]), T).verdict is Verdict.BUSY
+    assert judge(scope_to_mig(parent), T).verdict is Verdict.BUSY  # all of its devices
+    unreadable = h100(0, mig_enabled=True, mig_devices=(MigDevice("MIG-c", unknown=("memory: NO_PERMISSION",)),))
+    assert judge(scope_to_mig(unreadable), T).verdict is Verdict.UNKNOWN

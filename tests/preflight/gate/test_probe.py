@@ -233,3 +233,64 @@ def test_run_probes_with_the_default_cuda_child() -> None:
     assert result["exit_code"] == 1
     assert result["reason"].startswith("CUDA probe failed: CUDA not available")
     assert "Traceback" not in result["output_tail"]
+
+
+# ---- Issue 7 item 14: no fork with Python code (preexec_fn) while the XID watcher thread runs --------------
+
+
+def test_probe_children_are_started_without_preexec_fn_and_before_the_xid_watcher(nvml_node, tmp_path, monkeypatch):
+    """Forking with `preexec_fn` while another thread runs can deadlock the child (a lock held by that thread
+    at fork time stays held). The gate must start its probe children with no Python code between fork and
+    exec, and before the XID watcher thread exists."""
+    import subprocess as sp
+    import threading
+
+    from podguard.preflight.gate.probe import runner
+    from podguard.preflight.options import PreflightOptions
+    from podguard.preflight.pipeline import run_preflight
+
+    seen: list[tuple[object, list[str]]] = []
+    real_popen = sp.Popen
+    before = set(threading.enumerate())  # threads other tests in this process left behind are not ours
+
+    def recording_popen(*args, **kwargs):
+        threads = [t.name for t in threading.enumerate() if t not in before]
+        seen.append((kwargs.get("preexec_fn"), threads))
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", recording_popen)
+    probe = _script(tmp_path, "ok.sh", "exit 0\n")
+    opts = PreflightOptions(command="health", gpu_list="0,1", probe_cmd=probe, state_dir=tmp_path / "state")
+    result = run_preflight(opts, quiet=True)
+    assert result.exit_code == 0, result.summary
+    assert len(seen) == 2
+    for preexec_fn, threads in seen:
+        assert preexec_fn is None
+        assert threads == [], f"probe forked while other threads ran: {threads}"
+
+
+def test_a_probe_dies_with_a_sigkilled_parent(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    cmd = _script(tmp_path, "hang.sh", f"echo $$ > {pidfile}\nexec sleep 60\n")
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from podguard.preflight.gate.probe import run_probes; "
+            "run_probes([(0, 'GPU-x')], timeout_s=60, probe_cmd=sys.argv[1])",
+            cmd,
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid = int(pidfile.read_text())
+        assert _alive(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 2
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _alive(pid), "the probe outlived its SIGKILLed parent"

@@ -1,149 +1,39 @@
-"""A snapshot of this PID namespace's process table, and which processes hold NVIDIA device files.
+"""A snapshot of this PID namespace's process table, and which NVIDIA device files each process holds.
 
-Why this exists: NVML's process lists are not enough to decide what to stop. NVML may report host PIDs
-from another PID namespace (which may collide with unrelated local PIDs), and it does not list forked
-children (DataLoader workers) that inherited a CUDA process's device files. The local truth is in
-`/proc/<pid>/fd`: a process that has `<dev_dir>/nvidia<N>` open holds GPU minor N. This module reads that
-evidence, fast, and never guesses: a process whose fds we may not read (EACCES) is recorded as
-uninspectable.
+    table = scan_processes("/dev")
+    table.holders_of_minor(0)       # pids with /dev/nvidia0 open
+    table.ancestors(pid), table.descendants(pid)
 
-Public API:
-
-* `scan_processes(dev_dir=None, *, fds=True) -> ProcessTable`: one pass over `/proc`.
-* `ProcessTable`: `get`, `children`, `ancestors`, `descendants`, `holders_of_minor`, `uninspectable`.
-* `ProcInfo`: one process (pid, ppid, comm, state, pgid, sid, start_time, devices, and lazily
-  `cmdline` / `uid`), with `names` used for protected-name and launcher matching.
-* `find_device_files(dev_dir) -> NvidiaDeviceFiles`: the NVIDIA device files to look for.
-* `read_stat(pid) -> ProcStat | None`: a fresh (state, start time) read, used to detect PID reuse.
-* `resolve_dev_dir(explicit=None) -> Path`: `explicit`, else `$PODGUARD_DEV_DIR`, else `/dev`.
-
-Speed: the scan uses `os.listdir`/`os.readlink`/`os.read` directly (psutil's `open_files()` measured
-~6x slower here, and it hides EACCES). A device is matched by the fd's link text first (no extra
-syscall); only fds whose target looks like a device (`/dev/...` or a basename starting with `nvidia`)
-are `stat`ed, to compare `(st_dev, st_ino)` and, for character devices, `st_rdev` — inside containers the
-same device may appear under another path. `cmdline` and `uid` cost two more syscalls per process and
-are needed only for the few processes that are looked at, so they are read on first access.
+One pass over `/proc` with `os.listdir`/`os.readlink`/`os.read` (psutil measured ~6x slower and hides
+EACCES); a process whose fds cannot be read is recorded as uninspectable, never guessed about. Why fd
+evidence matters and how it is used: docs/cleanup.md.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import re
-import stat as stat_mod
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-ENV_DEV_DIR = "PODGUARD_DEV_DIR"
-DEFAULT_DEV_DIR = "/dev"
-PROC = "/proc"
+from podguard.preflight.cleanup.devices import NvidiaDeviceFiles, find_device_files, gpu_minor, resolve_dev_dir
+from podguard.preflight.cleanup.names import SHELLS, names_of
+from podguard.procfs import PROC, ProcStat, parse_stat, read_stat
+from podguard.redact import redact_argv
 
-_GPU_DEVICE = re.compile(r"^nvidia(\d+)$")
+__all__ = [
+    "ProcInfo",
+    "ProcStat",
+    "ProcessTable",
+    "read_cmdline",
+    "read_stat",
+    "read_uid",
+    "scan_processes",
+    "ticks_now",
+]
+
 _PF_KTHREAD = 0x00200000  # task flag of kernel threads: they have no fds worth reading
-
-# Programs that run other programs; `names` looks through them to the script or module they run.
-_INTERPRETERS = re.compile(r"^(python[0-9.]*m?|pypy[0-9.]*|node|nodejs|perl|ruby|env|uv|uvx)$")
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "ash", "busybox"})
-_PY_OPTS_WITH_ARG = frozenset({"-W", "-X", "-Q"})
-
-
-def resolve_dev_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Where the NVIDIA device files live: the explicit value, else `$PODGUARD_DEV_DIR`, else `/dev`."""
-    raw = explicit if explicit not in (None, "") else os.environ.get(ENV_DEV_DIR) or DEFAULT_DEV_DIR
-    return Path(raw)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class NvidiaDeviceFiles:
-    """The NVIDIA device files found in a dev dir, indexed every way an fd may refer to them.
-
-    `paths` maps both the path as listed and its resolved form to the device name (`nvidia0`,
-    `nvidiactl`, `nvidia-uvm`, `nvidia-caps/nvidia-cap1`, ...). `inodes` maps `(st_dev, st_ino)` and
-    `rdevs` maps a character device's `st_rdev` to the same name.
-    """
-
-    dev_dir: str
-    paths: Mapping[str, str] = field(default_factory=dict)
-    inodes: Mapping[tuple[int, int], str] = field(default_factory=dict)
-    rdevs: Mapping[int, str] = field(default_factory=dict)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.paths.values())))
-
-    def match_link(self, target: str) -> str | None:
-        """The device name for an fd's link text, without any syscall; None if it is not one of ours."""
-        return self.paths.get(target)
-
-    def worth_stat(self, target: str) -> bool:
-        """Whether an fd whose link text did not match could still be one of our devices."""
-        if not target.startswith("/"):
-            return False  # socket:[..], pipe:[..], anon_inode:..
-        return target.startswith("/dev/") or os.path.basename(target).startswith("nvidia")
-
-    def match_stat(self, st: os.stat_result) -> str | None:
-        if stat_mod.S_ISCHR(st.st_mode) and st.st_rdev in self.rdevs:
-            return self.rdevs[st.st_rdev]
-        return self.inodes.get((st.st_dev, st.st_ino))
-
-
-def gpu_minor(device: str) -> int | None:
-    """`nvidia3` -> 3; None for `nvidiactl`, `nvidia-uvm` and the like (they are not one GPU)."""
-    m = _GPU_DEVICE.match(device)
-    return int(m.group(1)) if m else None
-
-
-def find_device_files(dev_dir: str | os.PathLike[str] | None = None) -> NvidiaDeviceFiles:
-    """List `<dev_dir>/nvidia*` (and `<dev_dir>/nvidia-caps/*`). A missing dir gives an empty set."""
-    root = resolve_dev_dir(dev_dir)
-    paths: dict[str, str] = {}
-    inodes: dict[tuple[int, int], str] = {}
-    rdevs: dict[int, str] = {}
-
-    def add(path: str, name: str) -> None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
-        if stat_mod.S_ISDIR(st.st_mode):
-            return
-        paths[path] = name
-        paths[os.path.realpath(path)] = name
-        inodes[(st.st_dev, st.st_ino)] = name
-        if stat_mod.S_ISCHR(st.st_mode):
-            rdevs[st.st_rdev] = name
-
-    try:
-        entries = sorted(os.listdir(root))
-    except OSError:
-        entries = []
-    for entry in entries:
-        if not entry.startswith("nvidia"):
-            continue
-        full = os.path.join(root, entry)
-        if entry == "nvidia-caps" and os.path.isdir(full):
-            for cap in sorted(os.listdir(full)):
-                add(os.path.join(full, cap), f"nvidia-caps/{cap}")
-            continue
-        add(full, entry)
-    return NvidiaDeviceFiles(dev_dir=str(root), paths=paths, inodes=inodes, rdevs=rdevs)
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of `/proc/<pid>/stat` podguard uses. `start_time` (clock ticks since boot) plus the pid
-    identifies a process: a reused pid has a later start time."""
-
-    pid: int
-    comm: str
-    state: str  # R S D Z T t X I ...
-    ppid: int
-    pgid: int
-    sid: int
-    flags: int
-    start_time: int
 
 
 def _read_bytes(path: str, size: int = 4096) -> bytes:
@@ -154,29 +44,14 @@ def _read_bytes(path: str, size: int = 4096) -> bytes:
         os.close(fd)
 
 
-def _parse_stat(pid: int, raw: bytes) -> ProcStat:
-    text = raw.decode("utf-8", "replace")
-    lpar = text.index("(")
-    rpar = text.rindex(")")  # comm may itself contain ")" and spaces
-    rest = text[rpar + 2 :].split()
-    return ProcStat(
-        pid=pid,
-        comm=text[lpar + 1 : rpar],
-        state=rest[0],
-        ppid=int(rest[1]),
-        pgid=int(rest[2]),
-        sid=int(rest[3]),
-        flags=int(rest[6]),
-        start_time=int(rest[19]),
-    )
-
-
-def read_stat(pid: int) -> ProcStat | None:
-    """A fresh read of one process's stat; None when it no longer exists."""
+def ticks_now() -> int:
+    """Clock ticks since boot now, the unit of `ProcInfo.start_time`: a process with a later start time
+    was started after this call (0 when /proc/uptime cannot be read: then every process counts as new)."""
     try:
-        return _parse_stat(pid, _read_bytes(f"{PROC}/{pid}/stat"))
+        uptime = float(_read_bytes(f"{PROC}/uptime", 64).split()[0])
     except (OSError, ValueError, IndexError):
-        return None
+        return 0
+    return int(uptime * os.sysconf("SC_CLK_TCK"))
 
 
 def read_cmdline(pid: int) -> tuple[str, ...]:
@@ -197,50 +72,6 @@ def read_uid(pid: int) -> int | None:
         return os.stat(f"{PROC}/{pid}").st_uid
     except OSError:
         return None
-
-
-def _names_of(comm: str, argv: tuple[str, ...]) -> frozenset[str]:
-    """Every name a person would call this process by: comm, argv[0], and what an interpreter runs.
-
-    `python -m torch.distributed.run` -> {"python3", "torch.distributed.run", ...};
-    `/usr/bin/python3 /usr/local/bin/jupyter-lab` -> {"python3", "jupyter-lab"}; `-bash` -> {"bash"}.
-    """
-    names = {comm}
-    i = 0
-    for _hop in range(3):  # env python3 -u script.py: at most a few hops
-        if i >= len(argv):
-            break
-        prog = os.path.basename(argv[i]).lstrip("-")
-        if not prog:
-            break
-        names.add(prog)
-        if not _INTERPRETERS.match(prog):
-            break
-        i += 1
-        nxt: int | None = None
-        while i < len(argv):
-            arg = argv[i]
-            if arg == "-m" and i + 1 < len(argv):
-                module = argv[i + 1]
-                names.add(module)
-                return frozenset(names)
-            if arg.startswith("-m") and len(arg) > 2:
-                names.add(arg[2:])
-                return frozenset(names)
-            if arg == "-c" or arg.startswith("-c"):
-                return frozenset(names)
-            if arg in _PY_OPTS_WITH_ARG:
-                i += 2
-                continue
-            if arg.startswith("-") or (prog == "env" and "=" in arg) or (prog in ("uv", "uvx") and arg == "run"):
-                i += 1
-                continue
-            nxt = i
-            break
-        if nxt is None:
-            break
-        i = nxt
-    return frozenset(n for n in names if n)
 
 
 @dataclass(frozen=True)
@@ -295,9 +126,22 @@ class ProcInfo:
         return " ".join(argv) if argv else f"[{self.comm}]"
 
     @property
+    def safe_command(self) -> str:
+        """`command` with secret values masked (podguard.redact): the form reports and logs show."""
+        if "safe" not in self._lazy:
+            argv = self.cmdline
+            self._lazy["safe"] = " ".join(redact_argv(argv)) if argv else f"[{self.comm}]"
+        return self._lazy["safe"]  # type: ignore[return-value]
+
+    @property
+    def display_name(self) -> str:
+        """argv[0]'s basename (comm when there is no argv)."""
+        return os.path.basename(self.cmdline[0]) if self.cmdline else self.comm
+
+    @property
     def names(self) -> frozenset[str]:
         if "names" not in self._lazy:
-            self._lazy["names"] = _names_of(self.comm, self.cmdline)
+            self._lazy["names"] = names_of(self.comm, self.cmdline)
         return self._lazy["names"]  # type: ignore[return-value]
 
     @property
@@ -430,7 +274,7 @@ def scan_processes(dev_dir: str | os.PathLike[str] | None = None, *, fds: bool =
             continue
         pid = int(entry)
         try:
-            st = _parse_stat(pid, _read_bytes(f"{PROC}/{entry}/stat"))
+            st = parse_stat(pid, _read_bytes(f"{PROC}/{entry}/stat"))
         except (OSError, ValueError, IndexError):
             continue  # exited while we looked
         kthread = bool(st.flags & _PF_KTHREAD)

@@ -1,23 +1,43 @@
-"""The health gate's rules: one GPU snapshot (plus probe and XID evidence) -> a verdict with reasons.
+"""The health gate's rules: one GPU snapshot (plus probe, XID and lease evidence) -> a verdict with reasons.
 
-Pure functions, no I/O, so every rule is unit-testable and the preflight can explain each verdict.
-Verdict priority: unhealthy (hardware/driver: exit 76) > busy (someone is on it: exit 75) > healthy.
-Warnings never fail the gate unless the user asks (`--fail-on-warnings`).
+    verdict = judge(snapshot, GateThresholds(idle_memory_mib=512), probe=ProbeEvidence(ok=True))
+    verdict.verdict, verdict.findings   # Verdict.BUSY, (Finding.PHANTOM_MEMORY,)
+
+Pure functions, no I/O. Priority: unhealthy (76) > in use by its own job (pass) > unknown (75) > busy (75)
+> healthy. Warnings never fail the gate unless asked. Why each rule: docs/gate.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from podguard.errors import ExitCode
 from podguard.gpu.backend import ComputeMode, GpuSnapshot, XidEvent
+from podguard.records import Record
 from podguard.units import MIB
 
-# XIDs that mean the hardware or driver needs attention (NVIDIA's XID catalogue): fallen off the bus,
-# double-bit ECC, row-remap events, NVLink errors, contained/uncontained ECC, GSP errors, etc.
-# Application faults (13, 31, 43, 45) are not hardware verdicts: they are the job's own crash.
+__all__ = [
+    "HARDWARE_XIDS",
+    "Finding",
+    "GateResult",
+    "GateThresholds",
+    "GpuVerdict",
+    "Issue",
+    "ProbeEvidence",
+    "Verdict",
+    "hardware_problems",
+    "judge",
+    "judge_all",
+    "occupancy",
+    "scope_to_mig",
+    "unknowns",
+    "warnings_for",
+]
+
+# XIDs that mean the hardware or driver needs attention (NVIDIA's XID catalogue). Application faults
+# (13, 31, 43, 45) are not hardware verdicts: they are the job's own crash.
 HARDWARE_XIDS: dict[int, str] = {
     48: "double-bit ECC error",
     61: "internal micro-controller breakpoint",
@@ -37,8 +57,37 @@ HARDWARE_XIDS: dict[int, str] = {
 
 class Verdict(StrEnum):
     HEALTHY = "healthy"
+    IN_USE = "in_use"  # leased by a live podguard run on this node: its own job is on it (a pass)
     BUSY = "busy"
+    UNKNOWN = "unknown"  # NVML cannot tell whether it is free: never a pass
     UNHEALTHY = "unhealthy"
+
+
+class Finding(StrEnum):
+    """What a reason is about, as data (reasons are the human text)."""
+
+    LOST = "lost"
+    ECC_UNCORRECTED = "ecc_uncorrected"
+    REMAP_FAILED = "remap_failed"
+    REMAP_PENDING = "remap_pending"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    RECOVERY_ACTION = "recovery_action"
+    HARDWARE_XID = "hardware_xid"
+    PROBE_FAILED = "probe_failed"
+    WARNING_AS_FAILURE = "warning_as_failure"
+    HOLDERS = "holders"
+    EXCLUSIVE_PROCESS = "exclusive_process"
+    MEMORY_IN_USE = "memory_in_use"
+    PHANTOM_MEMORY = "phantom_memory"  # memory used with no process: another namespace or a dying context
+    PROBE_BUSY = "probe_busy"
+    UNKNOWN = "unknown"  # a memory or process query NVML could not answer
+    LEASED_BY_JOB = "leased_by_job"
+
+
+@dataclass(frozen=True)
+class Issue:
+    finding: Finding
+    text: str
 
 
 @dataclass(frozen=True)
@@ -49,7 +98,7 @@ class GateThresholds:
 
 
 @dataclass(frozen=True)
-class ProbeEvidence:
+class ProbeEvidence(Record):
     """What a CUDA (or user) probe child said about one GPU."""
 
     ok: bool
@@ -59,80 +108,112 @@ class ProbeEvidence:
 
 
 @dataclass(frozen=True)
-class GpuVerdict:
+class GpuVerdict(Record):
     index: int
     uuid: str | None
     verdict: Verdict
-    reasons: tuple[str, ...] = ()  # why busy / unhealthy
+    reasons: tuple[str, ...] = ()  # why busy / unknown / unhealthy / in use
     warnings: tuple[str, ...] = ()
     probe: ProbeEvidence | None = None
+    findings: tuple[Finding, ...] = ()
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "verdict": self.verdict.value,
-            "reasons": list(self.reasons),
-            "warnings": list(self.warnings),
-            "probe": None
-            if self.probe is None
-            else {"ok": self.probe.ok, "reason": self.probe.reason, "duration_ms": self.probe.duration_ms},
-        }
+    @property
+    def passes(self) -> bool:
+        return self.verdict in (Verdict.HEALTHY, Verdict.IN_USE)
 
 
 @dataclass(frozen=True)
-class GateResult:
+class GateResult(Record):
     verdicts: tuple[GpuVerdict, ...]
     xids: tuple[XidEvent, ...] = field(default=())
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         states = {v.verdict for v in self.verdicts}
         if Verdict.UNHEALTHY in states:
             return ExitCode.GPU_UNHEALTHY
-        if Verdict.BUSY in states:
+        if states & {Verdict.BUSY, Verdict.UNKNOWN}:
             return ExitCode.GPUS_BUSY
         return ExitCode.OK
 
+    def indices(self, *verdicts: Verdict) -> list[int]:
+        return [v.index for v in self.verdicts if v.verdict in verdicts]
 
-def hardware_problems(gpu: GpuSnapshot) -> list[str]:
+    def has(self, finding: Finding) -> bool:
+        return any(finding in v.findings for v in self.verdicts)
+
+
+def scope_to_mig(gpu: GpuSnapshot, mig_uuids: Iterable[str] = ()) -> GpuSnapshot:
+    """A MIG-enabled GPU judged by its MIG devices (the named ones, else all): their memory and processes
+    replace the parent's, which an unprivileged container cannot read. Other GPUs are returned as they are."""
+    if not (gpu.mig_enabled and gpu.mig_devices):
+        return gpu
+    wanted = set(mig_uuids)
+    devices = [m for m in gpu.mig_devices if not wanted or m.uuid in wanted]
+    used = [m.memory_used for m in devices]
+    unknown = tuple(f"MIG device {m.uuid}: {u}" for m in devices for u in m.unknown)
+    return replace(
+        gpu,
+        memory_used=None if any(u is None for u in used) else sum(u for u in used if u is not None),
+        processes=tuple(p for m in devices for p in m.processes),
+        unknown=unknown,
+    )
+
+
+def hardware_problems(gpu: GpuSnapshot) -> list[Issue]:
     """Reasons this GPU needs a pod restart or another machine."""
-    problems: list[str] = []
-    if gpu.lost:
-        problems.append("GPU is lost (fallen off the bus)")
+    out: list[Issue] = []
     ecc = gpu.ecc
-    if ecc.uncorrected_volatile:
-        problems.append(f"{ecc.uncorrected_volatile} uncorrected volatile ECC error(s)")
-    if ecc.remap_failure:
-        problems.append("row remapping failed")
-    if ecc.remap_pending:
-        problems.append("row remap pending (needs a GPU reset)")
-    if ecc.retired_pages_pending:
-        problems.append("retired pages pending (needs a GPU reset)")
-    if gpu.recovery_action not in (None, "none"):
-        problems.append(f"driver requests recovery action: {gpu.recovery_action}")
-    return problems
+    for finding, cond, text in (
+        (Finding.LOST, gpu.lost, "GPU is lost (fallen off the bus)"),
+        (
+            Finding.ECC_UNCORRECTED,
+            ecc.uncorrected_volatile,
+            f"{ecc.uncorrected_volatile} uncorrected volatile ECC error(s)",
+        ),
+        (Finding.REMAP_FAILED, ecc.remap_failure, "row remapping failed"),
+        (Finding.REMAP_PENDING, ecc.remap_pending, "row remap pending (needs a GPU reset)"),
+        (Finding.RETIRED_PAGES_PENDING, ecc.retired_pages_pending, "retired pages pending (needs a GPU reset)"),
+        (
+            Finding.RECOVERY_ACTION,
+            gpu.recovery_action not in (None, "none"),
+            f"driver requests recovery action: {gpu.recovery_action}",
+        ),
+    ):
+        if cond:
+            out.append(Issue(finding, text))
+    return out
 
 
-def busy_reasons(gpu: GpuSnapshot, idle_memory_mib: int) -> list[str]:
+def unknowns(gpu: GpuSnapshot) -> list[Issue]:
+    """Queries NVML could not answer whose answer decides whether the GPU is free."""
+    out = [Issue(Finding.UNKNOWN, f"cannot tell whether it is free: {u}") for u in gpu.unknown]
+    if gpu.memory_used is None and not any(u.startswith("memory") or ": memory" in u for u in gpu.unknown):
+        out.append(Issue(Finding.UNKNOWN, "cannot tell whether it is free: memory use not reported"))
+    return out
+
+
+def occupancy(gpu: GpuSnapshot, idle_memory_mib: int) -> list[Issue]:
     """Reasons this GPU is occupied right now (a retry after cleanup may succeed)."""
-    reasons: list[str] = []
+    out: list[Issue] = []
     if gpu.processes:
         pids = ", ".join(str(p.pid) for p in gpu.processes[:8])
         more = f" (+{len(gpu.processes) - 8} more)" if len(gpu.processes) > 8 else ""
-        reasons.append(f"{len(gpu.processes)} process(es) hold it: pid {pids}{more}")
+        out.append(Issue(Finding.HOLDERS, f"{len(gpu.processes)} process(es) hold it: pid {pids}{more}"))
         if gpu.compute_mode is ComputeMode.EXCLUSIVE_PROCESS:
-            reasons.append("compute mode is exclusive-process and a context exists: nobody else can use it")
+            text = "compute mode is exclusive-process and a context exists: nobody else can use it"
+            out.append(Issue(Finding.EXCLUSIVE_PROCESS, text))
     if gpu.memory_used is not None and gpu.memory_used > idle_memory_mib * MIB:
         used = gpu.memory_used // MIB
         if gpu.processes:
-            reasons.append(f"{used} MiB in use")
+            out.append(Issue(Finding.MEMORY_IN_USE, f"{used} MiB in use"))
         else:
-            reasons.append(
-                f"{used} MiB in use with no visible process (phantom memory: a context from another "
-                "namespace or a dying process; if it persists, stop and start the pod)"
+            text = (
+                f"{used} MiB in use with no visible process (phantom memory: a context from another namespace "
+                "or a dying process; if it persists, stop and start the pod)"
             )
-    return reasons
+            out.append(Issue(Finding.PHANTOM_MEMORY, text))
+    return out
 
 
 def warnings_for(gpu: GpuSnapshot, thresholds: GateThresholds) -> list[str]:
@@ -140,24 +221,25 @@ def warnings_for(gpu: GpuSnapshot, thresholds: GateThresholds) -> list[str]:
     hw_slow = [n for n in gpu.clock_event_names if n in ("hw_slowdown", "hw_thermal", "hw_power_brake")]
     if hw_slow and not gpu.utilization_gpu:
         warnings.append(f"hardware slowdown while idle ({', '.join(hw_slow)})")
-    if (
-        gpu.temperature_c is not None
-        and gpu.temperature_slowdown_c is not None
-        and gpu.temperature_c >= gpu.temperature_slowdown_c - thresholds.temperature_margin_c
-    ):
-        warnings.append(f"temperature {gpu.temperature_c}C at/above slowdown threshold {gpu.temperature_slowdown_c}C")
+    temp, slowdown = gpu.temperature_c, gpu.temperature_slowdown_c
+    if temp is not None and slowdown is not None and temp >= slowdown - thresholds.temperature_margin_c:
+        warnings.append(f"temperature {temp}C at/above slowdown threshold {slowdown}C")
     if gpu.ecc.enabled is False:
         warnings.append("ECC is disabled")
-    if (
-        gpu.pcie_link_width is not None
-        and gpu.pcie_link_width_max is not None
-        and gpu.pcie_link_width < gpu.pcie_link_width_max
-    ):
-        warnings.append(f"PCIe link x{gpu.pcie_link_width} below its maximum x{gpu.pcie_link_width_max}")
+    width, width_max = gpu.pcie_link_width, gpu.pcie_link_width_max
+    if width is not None and width_max is not None and width < width_max:
+        warnings.append(f"PCIe link x{width} below its maximum x{width_max}")
     if gpu.ecc.corrected_volatile:
         warnings.append(f"{gpu.ecc.corrected_volatile} corrected volatile ECC error(s)")
     warnings.extend(f"NVML query failed: {e}" for e in gpu.errors)
     return warnings
+
+
+def _verdict(
+    gpu: GpuSnapshot, verdict: Verdict, issues: Sequence[Issue], warnings: Sequence[str], probe: ProbeEvidence | None
+) -> GpuVerdict:
+    findings = tuple(dict.fromkeys(i.finding for i in issues))
+    return GpuVerdict(gpu.index, gpu.uuid, verdict, tuple(i.text for i in issues), tuple(warnings), probe, findings)
 
 
 def judge(
@@ -166,31 +248,39 @@ def judge(
     *,
     probe: ProbeEvidence | None = None,
     xids: Iterable[XidEvent] = (),
+    in_use_by: str | None = None,
 ) -> GpuVerdict:
+    """The verdict for one GPU. `in_use_by` names the live podguard run leasing it (its own job is on it:
+    only hardware, XIDs and the probe count then)."""
+    xids = [e for e in xids if e.gpu_index == gpu.index]
     problems = hardware_problems(gpu)
-    for event in xids:
-        if event.gpu_index != gpu.index:
-            continue
-        label = HARDWARE_XIDS.get(event.xid)
-        if label:
-            problems.append(f"XID {event.xid} during the gate window: {label}")
+    problems += [
+        Issue(Finding.HARDWARE_XID, f"XID {e.xid} during the gate window: {HARDWARE_XIDS[e.xid]}")
+        for e in xids
+        if e.xid in HARDWARE_XIDS
+    ]
     if probe is not None and not probe.ok and not probe.busy:
-        problems.append(f"probe failed: {probe.reason}")
+        problems.append(Issue(Finding.PROBE_FAILED, f"probe failed: {probe.reason}"))
     warnings = warnings_for(gpu, thresholds)
-    for event in xids:
-        if event.gpu_index == gpu.index and event.xid not in HARDWARE_XIDS:
-            warnings.append(f"XID {event.xid} during the gate window (application-level)")
+    warnings += [f"XID {e.xid} during the gate window (application-level)" for e in xids if e.xid not in HARDWARE_XIDS]
     if problems:
-        return GpuVerdict(gpu.index, gpu.uuid, Verdict.UNHEALTHY, tuple(problems), tuple(warnings), probe)
-    busy = busy_reasons(gpu, thresholds.idle_memory_mib)
+        return _verdict(gpu, Verdict.UNHEALTHY, problems, warnings, probe)
+    if in_use_by is not None:
+        return _verdict(
+            gpu, Verdict.IN_USE, [Issue(Finding.LEASED_BY_JOB, f"in use by its job: {in_use_by}")], warnings, probe
+        )
+    unknown = unknowns(gpu)
+    if unknown:
+        return _verdict(gpu, Verdict.UNKNOWN, unknown, warnings, probe)
+    busy = occupancy(gpu, thresholds.idle_memory_mib)
     if probe is not None and not probe.ok and probe.busy:
-        busy.append(f"probe could not use it: {probe.reason}")
+        busy.append(Issue(Finding.PROBE_BUSY, f"probe could not use it: {probe.reason}"))
     if busy:
-        return GpuVerdict(gpu.index, gpu.uuid, Verdict.BUSY, tuple(busy), tuple(warnings), probe)
+        return _verdict(gpu, Verdict.BUSY, busy, warnings, probe)
     if warnings and thresholds.fail_on_warnings:
-        reasons = tuple(f"warning treated as failure: {w}" for w in warnings)
-        return GpuVerdict(gpu.index, gpu.uuid, Verdict.UNHEALTHY, reasons, tuple(warnings), probe)
-    return GpuVerdict(gpu.index, gpu.uuid, Verdict.HEALTHY, (), tuple(warnings), probe)
+        strict = [Issue(Finding.WARNING_AS_FAILURE, f"warning treated as failure: {w}") for w in warnings]
+        return _verdict(gpu, Verdict.UNHEALTHY, strict, warnings, probe)
+    return _verdict(gpu, Verdict.HEALTHY, [], warnings, probe)
 
 
 def judge_all(
@@ -199,7 +289,11 @@ def judge_all(
     *,
     probes: dict[int, ProbeEvidence] | None = None,
     xids: Sequence[XidEvent] = (),
+    in_use: dict[int, str] | None = None,
 ) -> GateResult:
     probes = probes or {}
-    verdicts = tuple(judge(g, thresholds, probe=probes.get(g.index), xids=xids) for g in gpus)
+    in_use = in_use or {}
+    verdicts = tuple(
+        judge(g, thresholds, probe=probes.get(g.index), xids=xids, in_use_by=in_use.get(g.index)) for g in gpus
+    )
     return GateResult(verdicts, tuple(xids))

@@ -1,17 +1,15 @@
 """Run the per-GPU health probe in child processes, all GPUs at once, each with a hard timeout.
 
-Why children: the caller is podguard's preflight, which must never create a CUDA context (a context
-holds memory and, in exclusive-process mode, the whole GPU, which is exactly what the preflight is
-trying to free). Why one child per GPU with CUDA_VISIBLE_DEVICES set to that GPU's id: a hung or broken
-GPU then takes down only its own probe, and the verdict is per GPU. Why a process group per child and
-SIGKILL to the group on timeout: a hung CUDA call ignores SIGTERM, and a probe's own children (a user
-probe script that starts a helper) must not survive holding the GPU.
+    results = run_probes([(0, "GPU-..."), (1, "GPU-...")], timeout_s=60)   # or probe_cmd="my-check"
+    [r.ok for r in results]
+
+Each child sees only its GPU, runs in its own process group (killed whole on timeout) and dies with
+podguard (a death-signal exec wrapper, no `preexec_fn`). Why children, why one per GPU: docs/gate.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import os
@@ -23,12 +21,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from podguard.errors import UsageError
+from podguard.preflight.gate.probe.deathsig import dying_with
+from podguard.records import Record
+
+__all__ = ["DEFAULT_PROBE_MODULE", "ProbeResult", "cuda_probe_available", "cuda_probe_status", "run_probes"]
 
 DEFAULT_PROBE_MODULE = "podguard.preflight.gate.probe.cuda_child"
 TAIL_CHARS = 2000
@@ -36,7 +38,7 @@ _BUSY_RE = re.compile(r"busy or unavailable|out of memory", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(Record):
     index: int  # NVML index of the GPU
     ok: bool
     reason: str  # "" when ok; otherwise one line a person can read
@@ -47,9 +49,6 @@ class ProbeResult:
     timed_out: bool = False
     busy: bool = False  # the failure says "in use" (busy / out of memory), not "broken": cleanup may help
     device_name: str = ""  # reported by the default CUDA probe
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cuda_probe_status(dev_dir: str | os.PathLike[str] | None = None) -> tuple[bool, str]:
@@ -84,13 +83,15 @@ def run_probes(
     timeout_s: float,
     probe_cmd: str | Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
+    on_started: Callable[[], object] | None = None,
 ) -> list[ProbeResult]:
     """Probe every GPU in `gpus` ((NVML index, CUDA_VISIBLE_DEVICES id) pairs) in parallel child processes.
 
     probe_cmd: the user's own probe (PODGUARD_PROBE_CMD; a string is shell-split), exit 0 = healthy;
     None runs the built-in CUDA probe. Each child sees only its GPU (CUDA_VISIBLE_DEVICES=<id>,
     CUDA_DEVICE_ORDER=PCI_BUS_ID) and PODGUARD_PROBE_GPU_INDEX=<NVML index>. Results come back in the
-    order of `gpus`. A bad probe command is a UsageError (64) before anything starts.
+    order of `gpus`. A bad probe command is a UsageError (64) before anything starts. `on_started` is
+    called once every child exists (the preflight starts its XID watcher thread there: after the forks).
     """
     if not timeout_s > 0:
         raise UsageError(f"probe timeout {timeout_s!r} is not valid; it must be > 0 seconds")
@@ -117,6 +118,8 @@ def run_probes(
                 }
             )
             running.append(_Running.start(index, str(visible), argv, child_env))
+        if on_started is not None:
+            on_started()
         _pump(running, time.monotonic() + timeout_s)
     finally:
         for item in running:  # timeouts, and anything left after an exception (Ctrl-C) in here
@@ -144,15 +147,13 @@ class _Running:
     @classmethod
     def start(cls, index: int, visible: str, argv: list[str], env: dict[str, str]) -> _Running:
         started = time.monotonic()
-        parent = os.getpid()
         proc = subprocess.Popen(
-            argv,
+            dying_with(os.getpid(), argv),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the timeout kills the whole tree
-            preexec_fn=lambda: _die_with_parent(parent),
         )
         os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
         return cls(index, visible, proc, started)
@@ -295,14 +296,3 @@ def _last_line(text: str) -> str:
         if line.strip():
             return line.strip()[:300]
     return ""
-
-
-def _die_with_parent(parent: int) -> None:
-    """Child side: PR_SET_PDEATHSIG so a probe never outlives a killed podguard (and keeps a GPU)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except Exception:
-        return
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import podguard.preflight.cleanup.executor as cleanup_mod
+import podguard.preflight.cleanup.idle as idle_mod
+import podguard.preflight.cleanup.pidfd as pidfd_mod
+import podguard.preflight.cleanup.stopround as stopround_mod
 from fakes import FakeBackend
 from podguard.gpu.backend import GpuProcess
 from podguard.preflight.cleanup.executor import (
@@ -201,6 +203,7 @@ def test_pattern_match_outside_any_holder_tree_survives(spawner: Spawner) -> Non
     token = f"sglang-{uuid.uuid4().hex[:8]}"  # unique: other test runs may share this machine
     bystander = spawner.plain([PY, "-S", "-c", "import time; time.sleep(30)", f"{token}-router"])
     worker, _ = spawner.holder("nvidia0")
+    nvml(backend, 0, worker)
     res = run(backend, spawner, patterns=(token,))
     assert [a.pid for a in res.killed] == [worker] and alive(bystander)
     assert {s.pid: s.code for s in res.skipped} == {bystander: "pattern_outside_tree"}
@@ -255,6 +258,7 @@ def test_every_kill_is_logged_and_reported(spawner: Spawner, caplog: pytest.LogC
 def test_a_reused_pid_is_never_signalled(spawner: Spawner) -> None:
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0")
+    nvml(backend, 0, pid)
     plan = plan_cleanup(backend, (0,), dev_dir=spawner.dev)
     tree = plan.trees[0]
     stale = replace(tree, targets=tuple(replace(t, start_time=t.start_time - 1) for t in tree.targets))
@@ -291,19 +295,33 @@ def test_execute_reports_release_latency(spawner: Spawner) -> None:
     assert res.ok and res.timings_ms["release_after_last_exit"] < 300
 
 
-def test_respawn_by_an_unrecognised_shell_loop_is_bounded_and_reported(spawner: Spawner) -> None:
+def test_a_shell_loop_seen_respawning_its_worker_is_stopped_as_the_next_root(spawner: Spawner) -> None:
+    """Issue 7 item 1: an observed respawn is proof; the loop becomes the root of the next round."""
     backend = DriverLikeBackend.healthy(1)
     backend.dev = spawner.dev
     worker = shlex.join(spawner.holder_argv("nvidia0"))
     sh = spawner.shell(f"while true; do {worker} >/dev/null; done")
     wait_until(lambda: len(scan_processes(spawner.dev).holders_of_minor(0)) == 1, what="first worker")
-    res = run(backend, spawner, busy_timeout_s=0.8, max_rounds=2)
-    assert alive(sh)  # a shell is never climbed into without a pattern naming it
-    assert res.rounds == 2 and len(res.killed) == 2  # the first respawn was caught by a rescan
+    res = run(backend, spawner, busy_timeout_s=5.0)
+    assert not alive(sh) and res.ok and res.rounds == 2
+    assert [(r.pid, r.stopped) for r in res.respawners] == [(sh, True)]
+    assert [a.role for a in res.actions if a.pid == sh] == ["respawner"]
+    assert scan_processes(spawner.dev).holders_of_minor(0) == ()
+
+
+def test_a_respawner_that_may_not_be_stopped_is_bounded_reported_and_named(spawner: Spawner) -> None:
+    backend = DriverLikeBackend.healthy(1)
+    backend.dev = spawner.dev
+    worker = shlex.join(spawner.holder_argv("nvidia0"))
+    sh = spawner.shell(f"while true; do {worker} >/dev/null; done")
+    wait_until(lambda: len(scan_processes(spawner.dev).holders_of_minor(0)) == 1, what="first worker")
+    res = run(backend, spawner, busy_timeout_s=0.8, max_rounds=2, protect=("bash",))
+    assert alive(sh) and not res.ok and res.rounds == 2
     assert any(s.code == "respawn_limit" for s in res.skipped)
+    (r,) = res.respawners
+    assert r.pid == sh and not r.stopped and "protected" in r.reason
     assert res.states[0].state is GpuState.BUSY
-    assert any("--kill-pattern" in r and "keeps coming back" in r for r in res.recommendations)
-    assert any(r.startswith(f"pid {sh} ") and "still running" in r for r in res.recommendations)
+    assert any(rec.startswith(f"pid {sh} ") and "keeps starting holders" in rec for rec in res.recommendations)
 
 
 def test_a_pattern_naming_the_wrapper_script_stops_the_respawn_loop(spawner: Spawner) -> None:
@@ -320,7 +338,8 @@ def test_a_pattern_naming_the_wrapper_script_stops_the_respawn_loop(spawner: Spa
 
 
 def test_cleanup_convenience_and_progress(spawner: Spawner, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cleanup_mod, "_PROGRESS_EVERY_S", 0.1)
+    monkeypatch.setattr(stopround_mod, "PROGRESS_EVERY_S", 0.1)
+    monkeypatch.setattr(idle_mod, "PROGRESS_EVERY_S", 0.1)
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0", ignore_term=True)
     nvml(backend, 0, pid)
@@ -337,9 +356,9 @@ def test_survivor_of_sigkill_is_reported_unkillable(spawner: Spawner, monkeypatc
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0", ignore_term=True)
     nvml(backend, 0, pid, mem=8 * GIB)
-    real_send, real_stat = cleanup_mod._Handle.send, cleanup_mod.read_stat
+    real_send, real_stat = pidfd_mod.PinnedProcess.send, pidfd_mod.read_stat
 
-    def swallow_sigkill(self: cleanup_mod._Handle, sig: signal.Signals, *, record: bool = True) -> bool:
+    def swallow_sigkill(self: pidfd_mod.PinnedProcess, sig: signal.Signals, *, record: bool = True) -> bool:
         if sig == signal.SIGKILL and self.pid == pid:
             self.signals.append(sig.name)
             return True
@@ -349,8 +368,9 @@ def test_survivor_of_sigkill_is_reported_unkillable(spawner: Spawner, monkeypatc
         st = real_stat(p)
         return replace(st, state="D") if st is not None and p == pid else st
 
-    monkeypatch.setattr(cleanup_mod._Handle, "send", swallow_sigkill)
-    monkeypatch.setattr(cleanup_mod, "read_stat", stuck_stat)
+    monkeypatch.setattr(pidfd_mod.PinnedProcess, "send", swallow_sigkill)
+    monkeypatch.setattr(pidfd_mod, "read_stat", stuck_stat)
+    monkeypatch.setattr(stopround_mod, "read_stat", stuck_stat)
     t0 = time.monotonic()
     res = run(backend, spawner, grace_s=0.1, kill_timeout_s=0.2, busy_timeout_s=0.1)
     assert time.monotonic() - t0 < 0.1 + 0.2 + 1.5
@@ -373,3 +393,13 @@ def test_a_gpu_nvml_cannot_query_is_reported_unknown(spawner: Spawner) -> None:
     assert res.states[0].state is GpuState.IDLE
     assert res.states[1].state is GpuState.UNKNOWN and "GPU is lost" in res.states[1].detail
     assert any(r.startswith("GPU1:") and "podguard doctor" in r for r in res.recommendations)
+
+
+def test_in_a_container_that_sees_host_pids_the_local_cuda_leftover_is_stopped(spawner: Spawner) -> None:
+    backend = HostPidBackend.healthy(1)
+    backend.host = (GpuProcess(4_000_777, 6 * GIB, "compute"),)  # NVML names the leftover by its host PID
+    leftover, _ = spawner.holder("nvidia0", "nvidiactl", "nvidia-uvm")
+    reader, _ = spawner.holder("nvidia0", "nvidiactl")  # only initialised NVML (a metrics thread)
+    res = run(backend, spawner, busy_timeout_s=0.3)
+    assert [a.pid for a in res.killed] == [leftover] and not alive(leftover)
+    assert alive(reader) and {s.pid: s.code for s in res.skipped} == {reader: "fd_only"}

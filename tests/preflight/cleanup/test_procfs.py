@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from podguard.preflight.cleanup.procfs import (
-    _names_of,
-    find_device_files,
-    gpu_minor,
-    read_stat,
-    resolve_dev_dir,
-    scan_processes,
-)
+from podguard.preflight.cleanup.devices import find_device_files, gpu_minor, resolve_dev_dir
+from podguard.preflight.cleanup.names import names_of
+from podguard.preflight.cleanup.procfs import read_stat, scan_processes
 from procspawn import DEVICES, HOLDER_SRC, PY, Spawner, alive, synthetic, wait_until
 
 
@@ -110,7 +105,7 @@ def test_gpu_minor_parsing() -> None:
     ],
 )  # fmt: skip
 def test_names_look_through_interpreters(comm: str, argv: list[str], expected: set[str]) -> None:
-    assert _names_of(comm, tuple(argv)) == expected
+    assert names_of(comm, tuple(argv)) == expected
 
 
 def test_renamed_processes_are_seen_by_comm_and_argv0(spawner: Spawner) -> None:

@@ -16,15 +16,10 @@ import pytest
 from fakes import FakeBackend
 from podguard.errors import UsageError
 from podguard.gpu.backend import GpuProcess
-from podguard.preflight.cleanup.planner import (
-    CleanupPlan,
-    Evidence,
-    PlanConfig,
-    build_plan,
-    describe_holders,
-    plan_cleanup,
-)
+from podguard.preflight.cleanup.describe import describe_holders
+from podguard.preflight.cleanup.planner import build_plan, plan_cleanup
 from podguard.preflight.cleanup.procfs import scan_processes
+from podguard.preflight.cleanup.records import CleanupPlan, Evidence, PlanConfig
 from procspawn import PY, Spawner, alive, synthetic, synthetic_table, wait_until
 
 GIB = 1 << 30
@@ -86,8 +81,8 @@ def test_nvml_pid_of_a_local_holder_of_another_gpu_is_foreign_for_this_gpu(spawn
     nvml(backend, 0, pid)  # NVML says GPU0, but locally this pid only has nvidia1 open
     p = plan(backend, spawner, gpus=(0, 1))
     assert [(f.pid, f.gpu) for f in p.foreign] == [(pid, 0)]
-    (h,) = p.holders
-    assert h.gpus == (1,) and h.evidence is Evidence.FD
+    # its nvidia1 alone does not make it a holder of GPU1: NVML lists nothing of its job there
+    assert p.holders == () and skipped(p) == {pid: "fd_only"}
 
 
 def test_nvml_pid_that_does_not_exist_here_is_foreign(spawner: Spawner) -> None:
@@ -146,6 +141,7 @@ def test_podguard_itself_and_its_ancestors_are_never_targets(spawner: Spawner, t
 def test_holders_of_unselected_gpus_are_left_alone(spawner: Spawner) -> None:
     backend = FakeBackend.healthy(4)
     other, _ = spawner.holder("nvidia2")
+    nvml(backend, 2, other)
     p = plan(backend, spawner, gpus=(0, 1))
     assert p.targets == () and skipped(p) == {other: "unselected_gpu"}
     p_all = plan(backend, spawner, gpus=(0, 1), all_gpus=True)
@@ -157,6 +153,7 @@ def test_minor_numbers_map_device_files_to_nvml_indices(spawner: Spawner) -> Non
     backend = FakeBackend.healthy(1)
     backend.set(0, minor_number=3)
     pid, _ = spawner.holder("nvidia3")
+    nvml(backend, 0, pid)
     p = plan(backend, spawner)
     (h,) = p.holders
     assert h.gpus == (0,) and target_pids(p) == [pid]
@@ -181,6 +178,7 @@ def test_patterns_widen_to_a_holders_launcher_only(spawner: Spawner) -> None:
     name = f"orchestrator-{uuid.uuid4().hex[:8]}"  # unique: other test runs may share this machine
     launcher, worker, _ = spawner.launcher("nvidia0", argv0=name)
     bystander = spawner.plain([PY, "-S", "-c", "import time; time.sleep(30)", f"{name}-sidecar"])
+    nvml(backend, 0, worker)
     p = plan(backend, spawner)
     assert target_pids(p) == [worker]  # a plain parent in pytest's process group is not climbed into
     p2 = plan(backend, spawner, patterns=(name,))
@@ -193,6 +191,7 @@ def test_process_group_leader_is_climbed_but_never_a_shell(spawner: Spawner) -> 
     backend = FakeBackend.healthy(1)
     # A non-shell process-group leader (setsid) that starts the worker: same job.
     launcher, worker, _ = spawner.launcher("nvidia0", argv0="orchestrate", new_session=True)
+    nvml(backend, 0, worker)
     p = plan(backend, spawner)
     assert target_pids(p) == [launcher, worker]
     assert "same process group" in p.trees[0].targets[0].reason
@@ -204,6 +203,7 @@ def test_shell_parent_is_not_climbed_unless_a_pattern_names_it(spawner: Spawner)
     token = f"job-wrapper-{uuid.uuid4().hex[:8]}"
     sh = spawner.shell(f": {token}; {argv}; sleep 30", new_session=True)
     wait_until(lambda: len(scan_processes(spawner.dev).holders_of_minor(0)) == 1, what="worker under bash")
+    nvml(backend, 0, *scan_processes(spawner.dev).holders_of_minor(0))
     p = plan(backend, spawner)
     (worker,) = target_pids(p)
     assert worker != sh
@@ -214,6 +214,7 @@ def test_shell_parent_is_not_climbed_unless_a_pattern_names_it(spawner: Spawner)
 def test_other_users_processes_are_reported_when_not_root(spawner: Spawner) -> None:
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0")
+    nvml(backend, 0, pid)
     p = plan(backend, spawner, uid=12345)  # as if podguard ran as an unprivileged user
     assert p.targets == () and skipped(p) == {pid: "other_user"}
 
@@ -274,8 +275,34 @@ def test_container_pid1_shell_group_and_interactive_shells_stop_the_climb(tmp_pa
             synthetic(24, 21, ["python3", "-c", "helper"], pgid=21),  # a non-holder in the job
         ]
     )
-    p = build_plan(table, {0: ()}, _config(tmp_path))
+    listed = (GpuProcess(11, GIB, "compute"), GpuProcess(22, GIB, "compute"))  # not 23: a forked DataLoader
+    p = build_plan(table, {0: listed}, _config(tmp_path))
     roots = {t.root: [x.pid for x in t.targets] for t in p.trees}
     assert roots == {11: [11], 21: [21, 22, 24, 23]}
     roles = {t.pid: t.role for t in p.targets}
     assert roles == {11: "holder", 21: "launcher", 22: "holder", 24: "member", 23: "holder"}
+
+
+def test_where_nvml_speaks_host_pids_a_local_cuda_process_is_a_holder_an_nvml_reader_is_not(spawner: Spawner) -> None:
+    """In a container NVML may list host PIDs only: no local PID can be confirmed there. A local process with
+    the GPU's device file and a CUDA context (nvidia-uvm) open holds it; one that only initialised NVML
+    (nvidiactl + nvidia0, no nvidia-uvm: a metrics thread) does not."""
+
+    class HostPids(FakeBackend):  # NVML as seen from a container: PIDs of the host's namespace, never alive here
+        host: tuple[GpuProcess, ...] = ()
+
+        def processes(self, index: int) -> tuple[GpuProcess, ...]:
+            return super().processes(index) + (self.host if index == 0 else ())
+
+    backend = HostPids.healthy(2)
+    backend.host = (GpuProcess(4_100_000 + os.getpid() % 1000, 2 * GIB, "compute"),)  # the leftover, by host PID
+    (leftover, _), (reader, _) = spawner.holders(
+        {"devices": ("nvidiactl", "nvidia-uvm", "nvidia0")}, {"devices": ("nvidiactl", "nvidia0", "nvidia1")}
+    )
+    p = plan(backend, spawner, gpus=(0, 1))
+    assert {h.pid: h.evidence for h in p.holders} == {leftover: Evidence.FD_CUDA}
+    assert target_pids(p) == [leftover] and skipped(p) == {reader: "fd_only"}
+    assert "another PID namespace" in p.targets[0].reason
+    # where NVML names a local process on that GPU, device files alone never make a holder
+    nvml(backend, 0, reader)
+    assert {h.pid for h in plan(backend, spawner, gpus=(0, 1)).holders} == {reader}

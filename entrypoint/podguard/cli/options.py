@@ -1,0 +1,283 @@
+"""Every command-line option of the node and launch commands, declared once: flags, environment variables,
+parser, help. A field of the record (with its default) plus a `Param` here is a new option.
+
+    @options(PREFLIGHT, ("gpu_list", "grace_s"), into="opts", command="cleanup")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from podguard.cli.params import Group, Param, choice, count, parse_int, seconds, whole, words
+from podguard.errors import UsageError
+from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
+from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
+
+__all__ = ["LAUNCH", "PREFLIGHT"]
+
+PREFLIGHT_PANEL = "Preflight"
+LAUNCH_PANEL = "Launch"
+
+PREFLIGHT = Group(
+    PreflightOptions,
+    {
+        "gpu_list": Param(
+            ("--gpu-list",),
+            "GPUs to use: NVML indices or UUIDs, e.g. 0,1,2,3. Default: CUDA_VISIBLE_DEVICES, else all.",
+            ("PODGUARD_GPU_LIST", "GPU_LIST"),
+        ),
+        "nproc_per_node": Param(
+            ("--nproc-per-node",),
+            "Use this many GPUs (caps the selection; more than selected fails unless --on-fewer-gpus continue).",
+            ("PODGUARD_NPROC_PER_NODE", "NPROC_PER_NODE"),
+            parse=count("NPROC_PER_NODE", 1),
+            metavar="N",
+        ),
+        "expect_gpus": Param(
+            ("--expect-gpus",),
+            "GPUs this node should have (default: RUNPOD_GPU_COUNT).",
+            ("PODGUARD_EXPECT_GPUS", "RUNPOD_GPU_COUNT"),
+            parse=count("expect-gpus", 0),
+            metavar="N",
+        ),
+        "on_fewer": Param(
+            ("--on-fewer-gpus",),
+            "fail (exit 69) or continue (loudly) when fewer GPUs than expected.",
+            ("PODGUARD_ON_FEWER_GPUS",),
+            type=str,
+            parse=choice(OnFewer, "on-fewer-gpus"),
+            metavar="fail|continue",
+        ),
+        "require_gpu": Param(
+            ("--require-gpu/--allow-cpu",), "No GPU at all is an error (69) instead of a CPU fallback.", type=bool
+        ),
+        "cleanup": Param(
+            ("--cleanup/--no-cleanup",),
+            "Stop leftover processes that hold the selected GPUs before starting.",
+            type=bool,
+        ),
+        "dry_run": Param(("--dry-run",), "Report what would be stopped; kill nothing.", type=bool),
+        "busy_timeout_s": Param(
+            ("--busy-timeout",),
+            "Seconds to wait for busy GPUs to become free before giving up (exit 75).",
+            ("PODGUARD_BUSY_TIMEOUT",),
+            type=str,
+            parse=seconds("--busy-timeout"),
+            metavar="SECONDS",
+        ),
+        "grace_s": Param(
+            ("--grace",),
+            "Seconds between SIGTERM and SIGKILL when stopping processes.",
+            ("PODGUARD_GRACE",),
+            type=str,
+            parse=seconds("--grace"),
+            metavar="SECONDS",
+        ),
+        "protect": Param(
+            ("--protect",),
+            "Process name never to stop (repeatable; added to sshd, jupyter, nginx, ...).",
+            type=list[str] | None,
+            parse=words,
+            metavar="NAME",
+        ),
+        "kill_patterns": Param(
+            ("--kill-pattern",),
+            "Launcher name (e.g. sglang, torchrun) whose job tree is stopped when one of its processes holds a GPU.",
+            ("PODGUARD_KILL_PATTERN",),
+            type=list[str] | None,
+            parse=words,
+            metavar="NAME",
+        ),
+        "idle_memory_mib": Param(
+            ("--idle-memory-mib",),
+            "GPU memory in use at or below this, with no process, counts as idle.",
+            type=str,
+            parse=whole("--idle-memory-mib"),
+            metavar="MIB",
+        ),
+        "probe": Param(
+            ("--probe",),
+            "Health probe: cuda (a child allocates and runs a matmul on each GPU), off (NVML only), auto.",
+            type=str,
+            parse=choice(ProbeMode, "PODGUARD_PROBE"),
+            metavar="auto|cuda|off",
+        ),
+        "probe_cmd": Param(
+            ("--probe-cmd",), "Your own probe program, run per GPU with only that GPU visible (exit 0 = healthy)."
+        ),
+        "probe_timeout_s": Param(
+            ("--probe-timeout",),
+            "Seconds before a hung probe is killed and its GPU marked unhealthy.",
+            ("PODGUARD_PROBE_TIMEOUT",),
+            type=str,
+            parse=seconds("--probe-timeout"),
+            metavar="SECONDS",
+        ),
+        "max_temperature_margin_c": Param(
+            ("--temperature-margin",),
+            "Warn when a GPU is within this many degrees C of its slowdown temperature.",
+            ("PODGUARD_TEMPERATURE_MARGIN",),
+            type=str,
+            parse=whole("--temperature-margin"),
+            metavar="DEGREES",
+        ),
+        "fail_on_warnings": Param(
+            ("--fail-on-warnings",),
+            "Treat gate warnings (slowdown, temperature, PCIe width, ECC off) as failures (76).",
+            type=bool,
+        ),
+        "wait_for_gpus": Param(
+            ("--wait-for-gpus",),
+            "Wait (up to --busy-timeout) for GPUs leased by another podguard run instead of refusing (75).",
+            type=bool,
+            panel=LAUNCH_PANEL,
+        ),
+        "state_dir": Param(
+            ("--state-dir",),
+            "Where reports, logs, locks and leases live (default /workspace/.podguard when /workspace exists).",
+            type=Path | None,
+            panel=None,
+        ),
+        "dev_dir": Param(
+            ("--dev-dir",), "Where the NVIDIA device files are looked for when finding GPU holders.", type=Path
+        ),
+    },
+    from_env={"cuda_visible_devices": "CUDA_VISIBLE_DEVICES"},
+)
+
+LAUNCH = Group(
+    LaunchOptions,
+    {
+        "mode": Param(
+            ("--mode",),
+            "auto, single (one process, all selected GPUs), per-gpu (one process per GPU), torchrun, "
+            "roles (a --job-file splits GPUs between roles).",
+            type=str,
+            parse=choice(LaunchMode, "--mode"),
+            metavar="auto|single|per-gpu|torchrun|roles",
+            panel=LAUNCH_PANEL,
+        ),
+        "only_gpu": Param(
+            ("--only-gpu",),
+            "Show only this GPU's (or rank's) lines on the terminal; every line still goes to the log files.",
+            parse=lambda raw: None if raw in (None, "") else _gpu_index(raw),
+            metavar="GPU",
+            panel=LAUNCH_PANEL,
+        ),
+        "prefix": Param(
+            ("--prefix",),
+            "Per-line prefix of per-gpu workers (default 'GPU{gpu}:', 'CPU{rank}:' without GPUs); fields: gpu, "
+            "rank, local_rank, name.",
+            panel=LAUNCH_PANEL,
+        ),
+        "on_exit": Param(
+            ("--on-exit",),
+            "After the job: exit (with its code), idle (keep the container alive), stop-pod (stop this RunPod pod).",
+            type=str,
+            parse=choice(OnExit, "--on-exit"),
+            metavar="exit|idle|stop-pod",
+            panel=LAUNCH_PANEL,
+        ),
+        "rerun": Param(
+            ("--rerun",),
+            "Run again after a container restart even though the job already finished successfully.",
+            type=bool,
+            panel=LAUNCH_PANEL,
+        ),
+        "prepare": Param(
+            ("--prepare",),
+            "A command run once before any worker starts (cached by --cache-key; it writes to $PODGUARD_PREPARE_DIR, "
+            "which workers also get).",
+            panel=LAUNCH_PANEL,
+        ),
+        "cache_key": Param(
+            ("--cache-key",),
+            "KEY=VALUE that identifies the prepared data (model, dataset, context length, samples...); repeatable.",
+            type=list[str] | None,
+            parse=lambda values: tuple(values or ()),
+            panel=LAUNCH_PANEL,
+        ),
+        "prepare_shared": Param(
+            ("--prepare-shared",),
+            "The prepare cache is on storage shared by all nodes: only node 0 prepares.",
+            type=bool,
+            panel=LAUNCH_PANEL,
+        ),
+        "job_file": Param(("--job-file",), "Roles job file (TOML).", type=Path | None, panel=LAUNCH_PANEL),
+        "cpu_workers": Param(
+            ("--cpu-workers",),
+            "Workers to start on a node without GPUs (per-gpu and torchrun modes; the demo defaults to 2).",
+            parse=count("--cpu-workers", 1),
+            metavar="N",
+            panel=LAUNCH_PANEL,
+        ),
+        "nnodes": Param(
+            ("--nnodes",),
+            "Nodes in a multi-node torchrun job (default NUM_NODES).",
+            ("PODGUARD_NNODES", "NUM_NODES"),
+            parse=count("--nnodes/NUM_NODES", 1),
+            metavar="N",
+            panel=LAUNCH_PANEL,
+        ),
+        "node_rank": Param(
+            ("--node-rank",),
+            "This node's rank (default NODE_RANK).",
+            ("PODGUARD_NODE_RANK", "NODE_RANK"),
+            parse=count("--node-rank/NODE_RANK", 0),
+            metavar="N",
+            panel=LAUNCH_PANEL,
+        ),
+        "master_addr": Param(
+            ("--master-addr",),
+            "Rendezvous host (default PRIMARY_ADDR / MASTER_ADDR).",
+            ("PODGUARD_MASTER_ADDR", "PRIMARY_ADDR", "MASTER_ADDR"),
+            parse=lambda raw: raw or None,
+            panel=LAUNCH_PANEL,
+        ),
+        "master_port": Param(
+            ("--master-port",),
+            "Rendezvous port (default: a free port distinct from other podguard runs).",
+            ("PODGUARD_MASTER_PORT", "PRIMARY_PORT", "MASTER_PORT"),
+            parse=lambda raw: None if raw in (None, "") else _port(raw),
+            panel=LAUNCH_PANEL,
+        ),
+        "max_restarts": Param(
+            ("--max-restarts",),
+            "torchrun mode: worker group restarts before failing.",
+            type=str,
+            parse=whole("--max-restarts"),
+            metavar="N",
+            panel=LAUNCH_PANEL,
+        ),
+        "rdzv_backend": Param(
+            ("--rdzv-backend",),
+            "torchrun rendezvous: auto (static when NODE_RANK is known, so NODE_RANK=0 holds rank 0), static, "
+            "c10d (elastic; ranks by arrival order).",
+            type=str,
+            parse=lambda raw: _rdzv_backend(raw),
+            metavar="auto|static|c10d",
+            panel=LAUNCH_PANEL,
+        ),
+    },
+)
+
+
+def _rdzv_backend(raw: Any) -> str:
+    from podguard.launch.torchrun.rendezvous import RdzvBackend  # lazily: only torchrun mode needs it
+
+    return str(choice(RdzvBackend, "--rdzv-backend")(raw))
+
+
+def _gpu_index(raw: Any) -> int:
+    text = str(raw).strip()
+    if not text.isdigit():
+        raise UsageError(f"--only-gpu={raw!r} is not valid; expected a GPU index such as 2")
+    return int(text)
+
+
+def _port(raw: Any) -> int:
+    return parse_int(raw, "MASTER_PORT", 1, 65535)
+
+
+# --------------------------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""File locks and names that hold up on a volume several pods mount (RunPod network volumes: NFS/FUSE).
+
+    fd = open_lock(path)            # owner-only, close-on-exec
+    try:
+        got = try_flock(fd)         # False: another process holds it
+    except NoFlock:                 # ENOLCK & co: this filesystem has no flock; lock host-locally instead
+        fd = open_lock(local_lock_dir("prepare") / path.name)
+
+A flock on such a volume may be refused (ENOLCK without a lock daemon) or kept host-local (other pods do
+not see it), so a lock there only ever coordinates processes of one host; names that must not collide
+across pods come from `unique_suffix()` (host, pid and a random part, not a PID alone).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import socket
+import tempfile
+from pathlib import Path
+
+__all__ = [
+    "NO_FLOCK_ERRNOS",
+    "NoFlock",
+    "flock_supported",
+    "host_id",
+    "local_lock_dir",
+    "lock_blocking",
+    "open_lock",
+    "try_flock",
+    "unique_suffix",
+]
+
+NO_FLOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
+_BUSY_ERRNOS = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})
+
+
+class NoFlock(OSError):
+    """The filesystem refused flock itself (not "held by someone else")."""
+
+
+def host_id() -> str:
+    """This host's name, safe for a file name ("pod-abc123"); pods sharing a volume have different ones."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
+
+
+def unique_suffix() -> str:
+    """`<host>-<pid>-<random>`: unique across pods on one volume, where small container PIDs repeat."""
+    import secrets  # lazily: ~5 ms of imports that the health and run paths do not need
+
+    return f"{host_id()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def open_lock(path: Path) -> int:
+    """Open (create 0600) a lock file; the fd is close-on-exec so programs we start do not inherit it."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+
+def _flock(fd: int, op: int) -> bool:
+    try:
+        fcntl.flock(fd, op)
+    except OSError as exc:
+        if exc.errno in _BUSY_ERRNOS and op & fcntl.LOCK_NB:
+            return False
+        if exc.errno in NO_FLOCK_ERRNOS:
+            raise NoFlock(exc.errno, f"file locks are not supported here ({os.strerror(exc.errno)})") from None
+        raise
+    return True
+
+
+def try_flock(fd: int, *, shared: bool = False) -> bool:
+    """Take the lock without waiting: True when taken, False when another process holds it.
+
+    Raises NoFlock when the filesystem has no flock (callers fall back to `local_lock_dir`)."""
+    return _flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+
+
+def lock_blocking(fd: int) -> None:
+    """Wait in the kernel for the exclusive lock; NoFlock when the filesystem has none."""
+    _flock(fd, fcntl.LOCK_EX)
+
+
+def flock_supported(directory: Path) -> bool:
+    """Whether flock works in `directory` (probed on `.flock-probe`); True when the probe cannot tell."""
+    try:
+        fd = open_lock(directory / ".flock-probe")
+    except OSError:
+        return True
+    try:
+        try_flock(fd, shared=True)
+    except NoFlock:
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return True
+
+
+def local_lock_dir(area: str) -> Path:
+    """A host-local folder (in the temp dir, owner-only) for locks whose volume has no flock."""
+    path = Path(tempfile.gettempdir()) / f"podguard-{area}-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,151 @@
+"""Multi-node torchrun for real: two `podguard train --mode torchrun` processes on this host, as two nodes.
+
+RunPod Instant Cluster variables (NUM_NODES, NODE_RANK, PRIMARY_ADDR, PRIMARY_PORT, NUM_TRAINERS) on CPU
+with gloo: an all-reduce whose sum proves that all four ranks met, the NODE_RANK=0 node holding ranks 0
+and 1, and a worker failing on one node stopping both nodes. Also: a full log volume under a real
+torchrun job costs the logs, never the job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
+]
+
+PODGUARD = [sys.executable, "-m", "podguard"]
+
+TRAIN = textwrap.dedent(
+    """
+    import datetime, os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    print(f"rank {rank} of {world} on node {os.environ['GROUP_RANK']}: sum {int(total.item())}", flush=True)
+    if os.environ.get("FAIL_RANK") == str(rank):
+        print(f"rank {rank} failing on purpose", flush=True)
+        sys.exit(3)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_env(tmp_path: Path, node_rank: int, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODGUARD_", "MASTER_", "TORCHELASTIC_"))}
+    env.update(
+        LD_LIBRARY_PATH="",  # no NVIDIA driver: a CPU node, gloo
+        PODGUARD_PROBE="off",
+        PODGUARD_STATE_DIR=str(tmp_path / f"node{node_rank}"),  # separate machines do not share a state dir
+        NUM_NODES="2",
+        NODE_RANK=str(node_rank),
+        PRIMARY_ADDR="127.0.0.1",
+        PRIMARY_PORT=str(port),
+        NUM_TRAINERS="2",
+        OMP_NUM_THREADS="1",
+        **extra,
+    )
+    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(var, None)
+    return env
+
+
+def _two_nodes(tmp_path: Path, **extra: str) -> list[subprocess.CompletedProcess[str]]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [*PODGUARD, "train", "--mode", "torchrun", "--grace", "3", "--", sys.executable, str(script)],
+            env=_node_env(tmp_path, rank, port, **extra),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (1, 0)  # the secondary first: it must wait for the primary, not fail
+    ]
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=240)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, ""))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    node1, node0 = results
+    return [node0, node1]
+
+
+def _ranks(out: str) -> dict[int, tuple[int, int, int]]:
+    """rank -> (world, node, sum) from the `rankN:rank N of W on node K: sum S` lines."""
+    found = {}
+    for m in re.finditer(r"^rank(\d+):rank (\d+) of (\d+) on node (\d+): sum (\d+)$", out, re.MULTILINE):
+        assert m.group(1) == m.group(2), m.group(0)  # the prefix names the rank that wrote the line
+        found[int(m.group(2))] = (int(m.group(3)), int(m.group(4)), int(m.group(5)))
+    return found
+
+
+def test_two_nodes_meet_and_node_rank_0_holds_ranks_0_and_1(tmp_path: Path):
+    node0, node1 = _two_nodes(tmp_path)
+    assert node0.returncode == 0, node0.stdout[-3000:]
+    assert node1.returncode == 0, node1.stdout[-3000:]
+    assert _ranks(node0.stdout) == {0: (4, 0, 10), 1: (4, 0, 10)}  # 1+2+3+4: four ranks met
+    assert _ranks(node1.stdout) == {2: (4, 1, 10), 3: (4, 1, 10)}
+
+
+def test_a_worker_failing_on_one_node_stops_both_nodes(tmp_path: Path):
+    started = time.monotonic()
+    node0, node1 = _two_nodes(tmp_path, FAIL_RANK="3")
+    assert node1.returncode == 3, node1.stdout[-3000:]  # the failing worker's own code
+    assert "rank 3 (local rank 1, node 1) exited with code 3" in node1.stdout
+    assert node0.returncode != 0, node0.stdout[-3000:]  # stopped too, not left hanging in a collective
+    assert "another node may have failed first" in node0.stdout
+    assert time.monotonic() - started < 200
+
+
+def test_a_full_log_volume_under_a_real_torchrun_job_costs_the_logs_not_the_job(tmp_path: Path):
+    from podguard.launch.run import run_job
+    from podguard.launch.torchrun.command import build_torchrun_spec
+    from podguard.launch.torchrun.failure import explain_torchrun_failure
+    from podguard.preflight.selection import Selection
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("torchrun.log", "rank0.log", "rank1.log"):
+        (logs / name).symlink_to("/dev/full")
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nfor i in range(200): print('rank', os.environ['RANK'], 'line', i, flush=True)\n")
+    cpu = Selection(gpus=(), source="none", inventory_count=0)
+    spec = build_torchrun_spec([sys.executable, str(script)], cpu, error_dir=tmp_path / "err", log_dir=logs, nproc=2)
+    out_path = tmp_path / "out.txt"
+    with out_path.open("wb") as out:
+        outcome = explain_torchrun_failure(run_job([spec], out=out, summary=False), tmp_path / "err")
+    text = out_path.read_text()
+    assert outcome.exit_code == 0, text[-3000:]
+    assert text.count("rank0:rank 0 line ") == 200 and text.count("rank1:rank 1 line ") == 200
+    assert text.count("warning: log file") == 3  # torchrun.log (podguard), rank0.log and rank1.log (wrappers)
