@@ -1,0 +1,370 @@
+"""`podguard pod …` and `podguard template push`: RunPod pods from a laptop, thin commands over podguard.pods.
+
+Registered only when the first argument is `pod` or `template` (or for the full help). Nothing here
+imports an API client before a command runs, and only `--api graphql` / spot specs load the `runpod` SDK.
+Exit codes (PRODUCT.md): 64 bad spec/arguments or an action the status does not allow, 66 no such pod,
+69 no capacity, 75 transient API failure or a wait timed out, 76 the pod's preflight failed, 77 key/account.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from podguard.errors import ExitCode, PodguardError, UsageError
+
+if TYPE_CHECKING:
+    from podguard.pods.api import PodApi
+    from podguard.pods.model import Pod
+    from podguard.pods.progress import Progress
+    from podguard.pods.readiness import ReadyOutcome
+    from podguard.pods.spec import PodSpec
+    from podguard.pods.tuning import Tuning
+
+pod_app = typer.Typer(
+    name="pod",
+    help="Create, watch, restart and heal RunPod pods (REST v2; `--api graphql` through the runpod SDK).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+template_app = typer.Typer(
+    name="template",
+    help="RunPod templates whose start command runs this image's entrypoint.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Json = Annotated[bool, typer.Option("--json", envvar="PODGUARD_JSON", help="Print machine-readable JSON.")]
+Api = Annotated[
+    str | None,
+    typer.Option(
+        "--api", envvar="PODGUARD_API", help="rest (default) or graphql (the runpod SDK; spot specs use it anyway)."
+    ),
+]
+RetryFor = Annotated[
+    float,
+    typer.Option(
+        "--retry-for", envvar="PODGUARD_RETRY_FOR", min=0.0, help="Seconds to retry a transient API failure per call."
+    ),
+]
+PodRef = Annotated[str, typer.Argument(help="The pod's name or id.", show_default=False)]
+SpecFile = Annotated[
+    Path, typer.Option("--spec", envvar="PODGUARD_SPEC", help="The pod spec (TOML), e.g. runpod/pod.toml.")
+]
+
+
+def register(app: typer.Typer, only: str | None = None) -> None:
+    if only in (None, "pod"):
+        app.add_typer(pod_app, name="pod")
+    if only in (None, "template"):
+        app.add_typer(template_app, name="template")
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> PodApi:
+    from podguard.pods.api import ApiKind, open_api
+
+    valid = ", ".join(k.value for k in ApiKind)
+    if kind is not None and kind not in {k.value for k in ApiKind}:
+        raise UsageError(f"--api={kind!r} is not valid; expected one of {valid}")
+    if spec is not None and spec.interruptible:
+        if kind == ApiKind.REST:
+            raise UsageError("--api=rest cannot create spot pods (REST v2 has no spot field); drop --api")
+        kind = ApiKind.GRAPHQL
+    if spec is not None and spec.cpu is not None and kind == ApiKind.GRAPHQL:
+        raise UsageError("CPU pods are created through REST; drop --api graphql for this spec")
+    try:
+        return open_api(kind or ApiKind.REST, retry_for=retry_for)
+    except ImportError:
+        raise UsageError(
+            "GraphQL (spot pods, --api graphql) needs the runpod SDK: pip install 'podguard[pods]'"
+        ) from None
+
+
+def _progress(quiet: bool = False) -> Progress:
+    from podguard.pods.progress import Progress
+
+    return Progress(sys.stderr, quiet=quiet)
+
+
+def _emit(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    print()
+
+
+def _show(pod: Pod | None, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    from podguard.pods.model import public_view
+    from podguard.pods.render import pod_details
+
+    if as_json:
+        _emit({**(public_view(pod) if pod is not None else {}), **(extra or {})})
+    elif pod is not None:
+        print(pod_details(pod))
+
+
+def _load_spec(path: Path) -> PodSpec:
+    from podguard.pods.spec import load_spec
+
+    return load_spec(path)
+
+
+def _ready_failure(outcome: ReadyOutcome) -> PodguardError:
+    """The pod's own lines and how to look at / stop a pod left running for inspection."""
+    pod = outcome.pod
+    lines = [outcome.message]
+    if outcome.verdict is not None:
+        lines += [f"  | {line}" for line in outcome.verdict.lines]
+    lines.append(
+        f"  the pod is left running for inspection: `podguard pod logs {pod.name}`; "
+        f"stop it with `podguard pod stop {pod.name}` or remove it with `podguard pod down {pod.name}`"
+    )
+    return PodguardError("\n".join(lines), outcome.code)
+
+
+def _tuning() -> Tuning:
+    from podguard.pods.tuning import Tuning
+
+    return Tuning.from_env()
+
+
+# -- commands --------------------------------------------------------------------------------------------
+@pod_app.command("up")
+def up(
+    spec_file: SpecFile,
+    as_json: Json = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            envvar="PODGUARD_TIMEOUT",
+            min=0.0,
+            help="Seconds to wait (default: the spec's ready.timeout_s).",
+        ),
+    ] = None,
+    no_wait: Annotated[
+        bool, typer.Option("--no-wait", envvar="PODGUARD_NO_WAIT", help="Return once the pod exists.")
+    ] = False,
+    api: Api = None,
+    retry_for: RetryFor = 60.0,
+) -> None:
+    """Create the spec's pod (idempotent by name), then wait until it runs and its preflight passed."""
+    from podguard.pods.up import pod_up
+
+    spec = _load_spec(spec_file)  # every check before the first request
+    tuning = _tuning()
+    client = _api(api, retry_for, spec=spec)
+    progress = _progress()
+    result = pod_up(
+        client,
+        spec,
+        timeout_s=spec.ready_timeout_s if timeout is None else timeout,
+        wait=not no_wait,
+        tuning=tuning,
+        progress=progress,
+    )
+    progress.close()
+    outcome = result.outcome
+    extra: dict[str, Any] = {"action": result.action, "ready": None if outcome is None else outcome.code == 0}
+    if outcome is not None and outcome.verdict is not None:
+        extra["verdict"] = outcome.verdict.word
+        extra["preflight"] = outcome.verdict.lines
+    _show(result.pod, as_json, extra)
+    if outcome is not None and outcome.code != ExitCode.OK:
+        raise _ready_failure(outcome)
+
+
+@pod_app.command("status")
+def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """One pod: status, GPU, cost per hour, SSH command, ports."""
+    from podguard.pods.placement import find_pod
+
+    _show(find_pod(_api(api, retry_for), pod), as_json)
+
+
+@pod_app.command("list")
+def list_(as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Every pod of the account, as a table or a JSON array."""
+    from podguard.pods.model import public_view
+    from podguard.pods.render import pod_table
+
+    pods = _api(api, retry_for).list_pods()
+    if as_json:
+        _emit([public_view(p) for p in pods])
+    else:
+        print(pod_table(pods))
+
+
+@pod_app.command("logs")
+def logs(
+    pod: PodRef,
+    follow: Annotated[bool, typer.Option("--follow", "-f", envvar="PODGUARD_FOLLOW", help="Keep streaming.")] = False,
+    tail: Annotated[
+        int, typer.Option("--tail", envvar="PODGUARD_TAIL", min=0, max=5000, help="Recent lines to show.")
+    ] = 100,
+    as_json: Json = False,
+    api: Api = None,
+    retry_for: RetryFor = 60.0,
+) -> None:
+    """The pod's recent log lines (`--tail N`); `--follow` keeps streaming until interrupted."""
+    import time
+
+    from podguard.pods.follow import LogFollower, drain_quiet
+    from podguard.pods.placement import find_pod
+
+    client = _api(api, retry_for)
+    target = find_pod(client, pod)
+    assert target is not None
+    tuning = _tuning()
+    follower = LogFollower(client, target.id, since=None, tail=tail, backoff_s=tuning.backoff_s)
+    follower.start()
+    try:
+        if not follow:
+            for event in drain_quiet(follower, idle_s=tuning.logs_idle_s, limit=tail, deadline=time.monotonic() + 60):
+                _print_event(event, as_json)
+            return
+        while True:
+            item = follower.get(3600.0)
+            if isinstance(item, PodguardError):
+                raise item
+            if item is not None:
+                _print_event(item, as_json)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    finally:
+        follower.stop()
+
+
+def _print_event(event: Any, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    if as_json:
+        print(json.dumps(asdict(event)), flush=True)
+    else:
+        print(event.line, flush=True)
+
+
+@pod_app.command("wait")
+def wait(
+    pod: PodRef,
+    timeout: Annotated[float, typer.Option("--timeout", envvar="PODGUARD_TIMEOUT", min=0.0, help="Seconds.")] = 1800.0,
+    as_json: Json = False,
+    api: Api = None,
+    retry_for: RetryFor = 60.0,
+) -> None:
+    """Wait until the pod runs and its preflight passed (76 when it failed, 75 on timeout)."""
+    from podguard.pods.placement import find_pod
+    from podguard.pods.readiness import wait_ready
+
+    client = _api(api, retry_for)
+    target = find_pod(client, pod)
+    assert target is not None
+    progress = _progress()
+    outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=_tuning(), progress=progress)
+    progress.close()
+    _show(
+        outcome.pod, as_json, {"ready": outcome.code == 0, "verdict": outcome.verdict.word if outcome.verdict else None}
+    )
+    if outcome.code != ExitCode.OK:
+        raise _ready_failure(outcome)
+
+
+def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
+    from podguard.pods.actions import apply_action
+    from podguard.pods.model import PodAction
+
+    result = apply_action(_api(api, retry_for), ref, PodAction(action))
+    print(f"podguard: {result.message}", file=sys.stderr)
+    if as_json:
+        _show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
+    elif result.pod is not None:
+        print(f"{result.pod.id}  {result.pod.status}")
+
+
+@pod_app.command("stop")
+def stop(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Stop the pod (keeps its disk; a stopped pod is pinned to its host). Stopping an EXITED pod is success."""
+    _lifecycle(pod, "stop", as_json, api, retry_for)
+
+
+@pod_app.command("start")
+def start(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Start a stopped pod (69 when its host has no free GPUs: `pod heal --replace` moves it)."""
+    _lifecycle(pod, "start", as_json, api, retry_for)
+
+
+@pod_app.command("restart")
+def restart(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Restart a RUNNING pod's container in place."""
+    _lifecycle(pod, "restart", as_json, api, retry_for)
+
+
+@pod_app.command("down")
+def down(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Terminate the pod (its network volume stays). A pod that is already gone is success."""
+    _lifecycle(pod, "terminate", as_json, api, retry_for)
+
+
+@pod_app.command("heal")
+def heal(
+    pod: PodRef,
+    replace: Annotated[
+        bool, typer.Option("--replace", envvar="PODGUARD_REPLACE", help="Last step: replace it on another machine.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", envvar="PODGUARD_TIMEOUT", min=0.0, help="Seconds per step.")
+    ] = 900.0,
+    as_json: Json = False,
+    api: Api = None,
+    retry_for: RetryFor = 60.0,
+) -> None:
+    """Restart, then stop+start (fresh driver state), then with --replace an identical pod elsewhere."""
+    from podguard.pods.heal import heal as run_heal
+    from podguard.pods.heal import heal_record
+    from podguard.pods.placement import find_pod
+
+    client = _api(api, retry_for)
+    target = find_pod(client, pod)
+    assert target is not None
+    progress = _progress()
+    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
+    progress.close()
+    record = heal_record(target, result)
+    where = _save_heal_record(target.id, record)
+    if where:
+        progress.say(f"heal record: {where}")
+    _show(result.pod, as_json, {"heal": record})
+    if result.code != ExitCode.OK:
+        lines = [result.message, *[f"  | {line}" for line in result.lines]]
+        raise PodguardError("\n".join(lines), result.code)
+
+
+def _save_heal_record(pod_id: str, record: dict[str, Any]) -> Path | None:
+    import time
+
+    from podguard.state import state_dir, subdir, write_private
+
+    try:
+        path = subdir(state_dir(), "heal") / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{pod_id}.json"
+        write_private(path, json.dumps(record, indent=2, default=str))
+        return path
+    except (OSError, PodguardError):
+        return None
+
+
+@template_app.command("push")
+def template_push(spec_file: SpecFile, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
+    """Create or update the template (named by the spec's `template`, else its `name`) for this image."""
+    spec = _load_spec(spec_file)
+    request = spec.template_request()
+    tid, created = _api(api, retry_for).upsert_template(request)
+    verb = "created" if created else "updated"
+    if as_json:
+        _emit({"id": tid, "name": request.name, "created": created})
+    else:
+        print(f"template {request.name} ({tid}) {verb}: image {request.image}, args {request.args!r}")

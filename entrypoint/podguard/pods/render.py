@@ -1,0 +1,56 @@
+"""How pods look on a terminal: a table for lists, a few labelled lines for one pod.
+
+    print(pod_table(pods))
+    print(pod_details(pod))
+
+`--json` output uses model.public_view instead; neither ever shows the pod's environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from podguard.pods.model import Pod
+
+__all__ = ["pod_details", "pod_table"]
+
+
+def _gpu(pod: Pod) -> str:
+    if pod.gpu is not None:
+        return f"{pod.gpu.count}x {pod.gpu.type}"
+    return f"CPU {pod.cpu.id} x{pod.cpu.vcpus}" if pod.cpu is not None else "-"
+
+
+def _cost(pod: Pod) -> str:
+    return "-" if pod.cost_per_hr is None else f"${pod.cost_per_hr:.2f}/hr"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def pod_table(pods: Sequence[Pod]) -> str:
+    if not pods:
+        return "no pods"
+    rows = [("ID", "NAME", "STATUS", "GPU", "COST", "SSH")]
+    rows += [(p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), p.ssh or "-") for p in pods]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+
+
+def pod_details(pod: Pod) -> str:
+    ports = ", ".join(
+        f"{p.private}/{p.type} -> {p.ip or '?'}:{p.public}" if p.public else f"{p.private}/{p.type}" for p in pod.ports
+    )
+    lines = [
+        f"id:       {pod.id}",
+        f"name:     {_printable(pod.name)}",
+        f"status:   {pod.status}",
+        f"gpu:      {_gpu(pod)}",
+        f"cost:     {_cost(pod)}",
+        f"ssh:      {pod.ssh or '-'}",
+        f"ports:    {ports or ', '.join(pod.port_specs) or '-'}",
+    ]
+    if pod.data_center:
+        lines.append(f"where:    {pod.data_center}")
+    return "\n".join(lines)

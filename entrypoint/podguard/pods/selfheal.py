@@ -1,0 +1,228 @@
+"""Self-heal from inside a pod, and `--on-exit stop-pod`: the entrypoint side of the pod commands.
+
+    heal_cfg = SelfHealConfig.from_env()                      # UsageError (64) on a bad value, before preflight
+    code = after_preflight(pre.exit_code, heal_cfg, state=base, report=pre.report_path)
+    code = stop_own_pod(code)                                 # --on-exit stop-pod, after a successful job
+
+Consecutive preflight failures (75/76) are counted in the state dir per RUNPOD_POD_ID, across container
+restarts. After PODGUARD_SELF_HEAL_AFTER of them the next step of the ladder runs through the REST API for
+this pod: `restart`, then (PODGUARD_SELF_HEAL=replace) an identical pod is created, awaited until RUNNING,
+and this one terminated. It never loops: each step runs once per pod (a replacement does not replace
+again); after the last one the container parks (stays up, idle, one status line) and with
+PODGUARD_PARK=stop stops its pod so billing stops. A step is recorded before it is requested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TextIO
+
+from podguard.errors import ExitCode, PodguardError, UsageError
+
+__all__ = ["ParkMode", "SelfHealConfig", "SelfHealMode", "after_preflight", "check_stop_pod", "stop_own_pod"]
+
+ENV_MODE = "PODGUARD_SELF_HEAL"
+ENV_AFTER = "PODGUARD_SELF_HEAL_AFTER"
+ENV_PARK = "PODGUARD_PARK"
+ENV_POD_ID = "RUNPOD_POD_ID"
+ENV_REPLACED_FROM = "PODGUARD_HEAL_REPLACED_FROM"  # set on a replacement: it never replaces again
+COUNTED = (ExitCode.GPUS_BUSY, ExitCode.GPU_UNHEALTHY)
+
+
+class SelfHealMode(StrEnum):
+    OFF = "off"
+    RESTART = "restart"
+    REPLACE = "replace"
+
+
+class ParkMode(StrEnum):
+    IDLE = "idle"
+    STOP = "stop"
+
+
+def _choice(env: Mapping[str, str], name: str, enum: type[StrEnum], default: StrEnum) -> StrEnum:
+    raw = env.get(name, "").strip().lower()
+    try:
+        return enum(raw) if raw else default
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not valid; expected one of {', '.join(e.value for e in enum)}") from None
+
+
+@dataclass(frozen=True)
+class SelfHealConfig:
+    mode: SelfHealMode = SelfHealMode.OFF
+    after: int = 3
+    park: ParkMode = ParkMode.IDLE
+    pod_id: str = ""
+    replaced_from: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SelfHealConfig:
+        env = os.environ if env is None else env
+        mode = SelfHealMode(_choice(env, ENV_MODE, SelfHealMode, SelfHealMode.OFF))
+        park = ParkMode(_choice(env, ENV_PARK, ParkMode, ParkMode.IDLE))
+        raw = env.get(ENV_AFTER, "").strip() or "3"
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(f"{ENV_AFTER}={raw!r} is not valid; expected a whole number >= 1")
+        return cls(mode, int(raw), park, env.get(ENV_POD_ID, "").strip(), env.get(ENV_REPLACED_FROM, "").strip())
+
+    @property
+    def ladder(self) -> tuple[str, ...]:
+        if self.mode is SelfHealMode.OFF:
+            return ()
+        if self.mode is SelfHealMode.REPLACE and not self.replaced_from:
+            return ("restart", "replace")
+        return ("restart",)
+
+
+@dataclass
+class _State:
+    failures: int = 0
+    steps: list[str] = field(default_factory=list)
+    parked: bool = False
+    history: list[dict[str, object]] = field(default_factory=list)
+
+
+class Healer:
+    def __init__(
+        self, cfg: SelfHealConfig, path: Path, out: TextIO, wait_signal: Callable[[float | None], int | None]
+    ) -> None:
+        self.cfg, self.path, self.out, self.wait_signal = cfg, path, out, wait_signal
+        self.state = self._load()
+
+    def _load(self) -> _State:
+        try:
+            data = json.loads(self.path.read_text())
+            return _State(int(data["failures"]), list(data["steps"]), bool(data["parked"]), list(data["history"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return _State()
+
+    def save(self) -> None:
+        from podguard.state import write_private
+
+        try:
+            write_private(self.path, json.dumps(asdict(self.state), indent=2))
+        except OSError as exc:
+            self.say(f"warning: cannot record the self-heal state in {self.path}: {exc.strerror}")
+
+    def note(self, event: str, detail: str = "") -> None:
+        self.state.history.append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, "detail": detail}
+        )
+        self.state.history = self.state.history[-50:]
+        self.save()
+
+    def say(self, text: str) -> None:
+        print(f"podguard: self-heal: {text}", file=self.out, flush=True)
+
+
+def after_preflight(
+    code: int,
+    cfg: SelfHealConfig,
+    *,
+    state: Path,
+    report: Path | None = None,
+    out: TextIO | None = None,
+    wait_signal: Callable[[float | None], int | None] | None = None,
+) -> int:
+    """Count the preflight's result and act on it; returns the code the entry process should exit with.
+
+    0 resets the count. 75/76 count; at the threshold the next step runs (it may block: a restart waits
+    for this container to be ended, parking waits for a signal). Other codes are configuration problems
+    that a restart cannot fix: they are neither counted nor acted on."""
+    if cfg.mode is SelfHealMode.OFF or (code != ExitCode.OK and code not in COUNTED):
+        return code
+    out = out if out is not None else sys.stderr
+    if not cfg.pod_id:
+        print(
+            f"podguard: self-heal: {ENV_MODE}={cfg.mode} needs {ENV_POD_ID} (set inside a RunPod pod); off",
+            file=out,
+            flush=True,
+        )
+        return code
+    from podguard.state import subdir
+
+    healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", out, wait_signal or _wait_signal)
+    if code == ExitCode.OK:
+        if healer.state.failures or healer.state.parked:
+            healer.state.failures, healer.state.parked = 0, False
+            healer.note("pass", "preflight passed: failure count reset")
+        return code
+    healer.state.failures += 1
+    healer.note("failure", f"exit {code}")
+    if healer.state.failures < cfg.after:
+        healer.say(f"preflight failure {healer.state.failures} of {cfg.after} before `{_next(cfg, healer.state)}`")
+        return code
+    step = _next(cfg, healer.state)
+    from podguard.pods.selfheal_steps import park, replace_pod, restart_pod
+
+    if step == "restart":
+        return restart_pod(healer, code)
+    if step == "replace":
+        return replace_pod(healer, code)
+    return park(healer, code, report)
+
+
+def _next(cfg: SelfHealConfig, state: _State) -> str:
+    return next((s for s in cfg.ladder if s not in state.steps), "park")
+
+
+def _safe(pod_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in pod_id)[:100] or "pod"
+
+
+def _wait_signal(timeout: float | None) -> int | None:
+    from podguard.launch.lifecycle import wait_for_signal
+
+    return wait_for_signal(timeout)
+
+
+def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
+    """`--on-exit stop-pod` is checked before the job runs: inside a pod, with an API key. UsageError if not."""
+    env = os.environ if env is None else env
+    if not env.get(ENV_POD_ID, "").strip():
+        raise UsageError(f"--on-exit=stop-pod needs {ENV_POD_ID} (RunPod sets it inside a pod); use exit or idle")
+    from podguard.pods.auth import load_api_key
+
+    try:
+        load_api_key(env)
+    except PodguardError as exc:
+        raise UsageError(f"--on-exit=stop-pod needs the RunPod API key: {exc.message}") from None
+
+
+def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
+    """After the job: when it succeeded, stop this pod through the API so billing stops; returns `code`.
+
+    A failed stop is one warning (the job's exit code wins); the container's restart then finds the job
+    finished and tries again."""
+    out = out if out is not None else sys.stderr
+    if code != ExitCode.OK:
+        print(
+            f"podguard: job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)",
+            file=out,
+            flush=True,
+        )
+        return code
+    from podguard.pods.actions import act_on
+    from podguard.pods.api import open_api
+    from podguard.pods.model import PodAction
+
+    pod_id = os.environ.get(ENV_POD_ID, "").strip()
+    try:
+        api = open_api("rest")
+        act_on(api, api.get_pod(pod_id), PodAction.STOP)  # already stopped is success
+    except PodguardError as exc:
+        print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
+        return code
+    print(f"podguard: job succeeded: stopping pod {pod_id} (--on-exit stop-pod)", file=out, flush=True)
+    from podguard.pods.tuning import Tuning
+
+    _wait_signal(Tuning.from_env().restart_wait_s)  # the stop ends this container; do not restart meanwhile
+    return code

@@ -1,0 +1,63 @@
+"""`pod up`: make the spec's pod exist and run, idempotently by name, then wait until its preflight passed.
+
+    result = pod_up(api, spec, timeout_s=1800, wait=True, tuning=Tuning(), progress=Progress())
+
+An existing pod of that name is reused when it runs and started when it is stopped; otherwise the
+candidates are created in order (placement.py). Waiting is readiness.py's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from podguard.errors import UsageError
+from podguard.pods.actions import act_on
+from podguard.pods.api import PodApi
+from podguard.pods.model import Pod, PodAction, PodStatus
+from podguard.pods.placement import create_first_fit, pods_named
+from podguard.pods.progress import Progress
+from podguard.pods.readiness import ReadyOutcome, wait_ready
+from podguard.pods.retry import with_retry
+from podguard.pods.spec import PodSpec
+from podguard.pods.tuning import Tuning
+
+__all__ = ["UpResult", "pod_up"]
+
+
+@dataclass(frozen=True)
+class UpResult:
+    pod: Pod
+    action: str  # created | reused | started
+    outcome: ReadyOutcome | None  # None with --no-wait
+
+
+def pod_up(api: PodApi, spec: PodSpec, *, timeout_s: float, wait: bool, tuning: Tuning, progress: Progress) -> UpResult:
+    existing = with_retry(lambda: pods_named(api, spec.name), api.policy, what=f"look up pod {spec.name}")
+    not_started_at: str | None = None
+    if len(existing) > 1:
+        ids = ", ".join(p.id for p in existing)
+        raise UsageError(f"{len(existing)} pods are named {spec.name!r} ({ids}); take the extra ones down first")
+    if existing:
+        pod = existing[0]
+        if pod.image != spec.image and pod.image:
+            progress.say(
+                f"note: pod {pod.name} runs {pod.image}, the spec says {spec.image}; `pod down` it to recreate"
+            )
+        if pod.status in (PodStatus.EXITED, PodStatus.ERROR):
+            progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: starting it")
+            not_started_at = pod.started_at
+            pod = act_on(api, pod, PodAction.START).pod or pod  # 69 with a hint when its host is full
+            action = "started"
+        else:
+            progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: reusing it")
+            action = "reused"
+    else:
+        pod = create_first_fit(api, spec.candidates(), say=progress.say)
+        progress.say(f"created pod {pod.name} ({pod.id})")
+        action = "created"
+    if not wait:
+        return UpResult(pod, action, None)
+    outcome = wait_ready(
+        api, pod.id, timeout_s=timeout_s, tuning=tuning, progress=progress, not_started_at=not_started_at
+    )
+    return UpResult(outcome.pod, action, outcome)

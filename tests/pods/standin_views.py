@@ -1,0 +1,123 @@
+"""How the stand-in shows a pod or template: the REST v2 shape (OpenAPI `Pod`) and the SDK's GraphQL shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from standin_state import PodRecord
+
+
+def _runtime_ports(pod: PodRecord) -> list[dict[str, Any]]:
+    out = []
+    for i, spec in enumerate(pod.ports):
+        port, _, kind = spec.partition("/")
+        public = 40000 + int(pod.id[3:7]) * 10 + i if kind == "tcp" else None
+        out.append({"private": int(port), "public": public, "type": kind, "ip": "203.0.113.7" if public else None})
+    return out
+
+
+def pod_view(pod: PodRecord) -> dict[str, Any]:
+    running = pod.status == "RUNNING"
+    ports = _runtime_ports(pod) if running else []
+    direct = next((p for p in ports if p["private"] == 22 and p["public"]), None)
+    view: dict[str, Any] = {
+        "id": pod.id,
+        "name": pod.name,
+        "status": pod.status,
+        "actions": pod.actions,
+        "image": pod.image,
+        "args": pod.args,
+        "disk": pod.disk,
+        "mounts": pod.mounts,
+        "ports": pod.ports,
+        "env": pod.env,
+        "registry": None,
+        "cloud": pod.cloud,
+        "dataCenterId": pod.machine.dc,
+        "cudaVersion": "12.8" if pod.gpu_type else None,
+        "ssh": {
+            "proxy": {
+                "host": "ssh.runpod.io",
+                "port": 22,
+                "username": f"{pod.id}-64411eb2",
+                "command": f"ssh {pod.id}-64411eb2@ssh.runpod.io",
+            },
+            "direct": None
+            if direct is None
+            else {
+                "host": direct["ip"],
+                "port": direct["public"],
+                "username": "root",
+                "command": f"ssh root@{direct['ip']} -p {direct['public']}",
+            },
+        },
+        "template": None,
+        "cost": pod.cost,
+        "locked": False,
+        "globalNetworking": {"enabled": False},
+        "runtime": {"uptime": 1, "ports": ports} if running else None,
+        "createdAt": pod.created_at,
+        "startedAt": pod.started_at,
+    }
+    if pod.gpu_type:
+        view["gpu"] = {"id": pod.gpu_type, "count": pod.gpu_count}
+    else:
+        view["cpu"] = {**(pod.cpu or {}), "memory": 8}
+    return view
+
+
+def template_view(t: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ports": [],
+        "env": {},
+        "mounts": {},
+        "registry": None,
+        "serverless": False,
+        "public": False,
+        "category": "NVIDIA",
+        "startSsh": True,
+        "startJupyter": False,
+        "allowedCudaVersions": [],
+        **t,
+    }
+
+
+def gql_pod_view(pod: PodRecord) -> dict[str, Any]:
+    running = pod.status == "RUNNING"
+    desired = {"EXITED": "EXITED", "TERMINATED": "TERMINATED", "ERROR": "DEAD"}.get(pod.status, "RUNNING")
+    ports = [
+        {
+            "ip": p["ip"],
+            "isIpPublic": bool(p["ip"]),
+            "privatePort": p["private"],
+            "publicPort": p["public"],
+            "type": p["type"],
+        }
+        for p in _runtime_ports(pod)
+    ]
+    persistent = pod.mounts.get("persistent") or {}
+    network = (pod.mounts.get("network") or [{}])[0]
+    return {
+        "id": pod.id,
+        "name": pod.name,
+        "containerDiskInGb": pod.disk,
+        "costPerHr": pod.cost,
+        "desiredStatus": desired,
+        "dockerArgs": pod.args,
+        "dockerId": None,
+        "env": [f"{k}={v}" for k, v in pod.env.items()],
+        "gpuCount": pod.gpu_count,
+        "imageName": pod.image,
+        "lastStatusChange": f"Rented by User: {pod.created_at}",
+        "machineId": pod.machine.id if pod.status != "PROVISIONING" else "",
+        "memoryInGb": 62,
+        "podType": "INTERRUPTABLE" if pod.interruptible else "RESERVED",
+        "port": 22,
+        "ports": ",".join(pod.ports),
+        "uptimeSeconds": 1 if running else 0,
+        "vcpuCount": 8,
+        "volumeInGb": persistent.get("size", 0),
+        "volumeMountPath": persistent.get("path") or network.get("path") or "/workspace",
+        "runtime": {"ports": ports} if running else None,
+        "machine": {"gpuDisplayName": pod.gpu_type or "", "podHostId": f"{pod.id}-host"},
+    }
