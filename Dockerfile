@@ -1,20 +1,25 @@
 # podguard image: the preflight + supervisor as the container's entrypoint, PID-1 safe (tini).
 #
-# Build with `make image` (it builds the wheelhouse on the host first, so nothing inside the build needs
-# a package index):
-#   make image                                   # default CUDA base, TORCH_SPEC=torch for a CUDA torch
-#   make image BASE_IMAGE=podguard-test-base:bookworm   # the local Debian base the tests build
+# Build it with `make image` / `podguard image build` (they build the wheelhouse on the host first, so
+# nothing inside the build needs a package index). Design notes: docs/image.md.
 #
-# No NVIDIA driver in the image: the NVIDIA container runtime mounts the host's driver (libnvidia-ml.so.1,
-# libcuda.so.1) into the container. A driver installed here causes "driver/library version mismatch".
-ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
-FROM ${BASE_IMAGE}
+# The base: torch's CUDA wheels bring their own CUDA user-space libraries (cuBLAS, cuDNN, NCCL, ... as
+# pip packages), so the base needs no CUDA library of its own: `-base` is the smallest CUDA image (cudart
+# and the forward-compatibility package, plus the NVIDIA_* variables the container toolkit reads).
+# torch 2.13's default Linux wheels are built for CUDA 13.0, which needs an NVIDIA driver >= 580.
+# No NVIDIA driver in the image: the container toolkit mounts the host's (libnvidia-ml.so.1, libcuda.so.1).
+#
+# Stages (no layer of the final image carries the wheels; the legacy builder, which the Docker SDK
+# uses, has no `RUN --mount`, so the wheels are installed in build stages and only the result is copied):
+#   os    the base + python3/venv/tini/CA certificates/sshd when the base lacks them
+#   deps  podguard's dependencies + torch, installed into the virtualenv /opt/podguard
+#   app   podguard itself, installed into an empty root (its files at their final paths)
+#   final os + the virtualenv + podguard + the entrypoint
+ARG BASE_IMAGE=nvidia/cuda:13.0.2-base-ubuntu24.04
 
-# Packages added on top of whatever python3/venv/tini/ca-certificates the base lacks (those are only
-# installed when missing, so a base that has them needs no apt at all). openssh-server: RunPod's SSH
-# over exposed TCP (started by the entrypoint when PUBLIC_KEY is set). Tests pass an empty value.
-ARG EXTRA_APT_PACKAGES="openssh-server"
-
+FROM ${BASE_IMAGE} AS os
+# Packages beyond the ones podguard needs (e.g. "git vim"). Needs the base's apt sources.
+ARG EXTRA_APT_PACKAGES=""
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -22,38 +27,44 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     VIRTUAL_ENV=/opt/podguard \
     PATH=/opt/podguard/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-
+# Only what the base lacks is installed, so a base that has it all (the tests' local base) needs no apt.
+# openssh-server: RunPod's SSH over exposed TCP, started by the entrypoint when PUBLIC_KEY is set.
 RUN set -eux; \
-    need=""; \
+    need="${EXTRA_APT_PACKAGES}"; \
     command -v python3 >/dev/null 2>&1 || need="$need python3"; \
     python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need="$need python3-venv"; \
     [ -x /usr/bin/tini ] || need="$need tini"; \
     [ -e /etc/ssl/certs/ca-certificates.crt ] || need="$need ca-certificates"; \
-    need="$need ${EXTRA_APT_PACKAGES}"; \
+    [ -x /usr/sbin/sshd ] || need="$need openssh-server"; \
     if [ -n "$(echo $need)" ]; then \
         apt-get update; \
         apt-get install -y --no-install-recommends $need; \
         rm -rf /var/lib/apt/lists/*; \
     fi; \
+    rm -f /etc/ssh/ssh_host_*; \
     python3 -c 'import sys; assert sys.version_info >= (3, 11), "podguard needs Python >= 3.11, the base has " + sys.version'; \
-    python3 -m venv "$VIRTUAL_ENV"; \
     mkdir -p /workspace; \
     chmod 1777 /workspace
 
-# Dependencies first (torch is the big layer): a change to podguard's own code does not reinstall them.
+FROM os AS deps
 COPY docker/wheelhouse/deps/ /tmp/wheelhouse/deps/
 RUN set -eux; \
-    pip install --no-index --find-links /tmp/wheelhouse/deps /tmp/wheelhouse/deps/*.whl; \
-    rm -rf /tmp/wheelhouse/deps
+    python3 -m venv "$VIRTUAL_ENV"; \
+    pip install --no-index --find-links /tmp/wheelhouse/deps /tmp/wheelhouse/deps/*.whl
 
+FROM deps AS app
 COPY docker/wheelhouse/app/ /tmp/wheelhouse/app/
-COPY docker/entrypoint.sh /usr/local/bin/podguard-entrypoint
 RUN set -eux; \
-    pip install --no-index --no-deps /tmp/wheelhouse/app/*.whl; \
-    rm -rf /tmp/wheelhouse; \
-    chmod 0755 /usr/local/bin/podguard-entrypoint; \
-    ln -sf "$VIRTUAL_ENV/bin/podguard" /usr/local/bin/podguard; \
-    podguard --version
+    pip install --no-index --no-deps --root /staging /tmp/wheelhouse/app/*.whl; \
+    mkdir -p /staging/usr/local/bin; \
+    ln -s "$VIRTUAL_ENV/bin/podguard" /staging/usr/local/bin/podguard
+
+FROM os
+# Dependencies first (torch is the big layer): a change to podguard's own code does not touch it.
+COPY --from=deps /opt/podguard /opt/podguard
+COPY --from=app /staging/ /
+COPY docker/rootfs/ /
+RUN podguard --version
 
 WORKDIR /workspace
 
@@ -67,3 +78,15 @@ HEALTHCHECK --interval=60s --timeout=20s --start-period=30s --retries=3 \
 # the signal from podguard (forward, grace, kill), exactly once.
 ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/usr/local/bin/podguard-entrypoint"]
 CMD []
+
+# Last, so that new values never invalidate the layers above.
+ARG BASE_IMAGE
+ARG PODGUARD_VERSION=unknown
+ARG PODGUARD_REVISION=unknown
+ARG PODGUARD_SOURCE=unknown
+LABEL org.opencontainers.image.title="podguard" \
+      org.opencontainers.image.description="GPU training entrypoint: cleanup, GPU selection, health gate, supervised launch" \
+      org.opencontainers.image.version="${PODGUARD_VERSION}" \
+      org.opencontainers.image.revision="${PODGUARD_REVISION}" \
+      org.opencontainers.image.source="${PODGUARD_SOURCE}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}"

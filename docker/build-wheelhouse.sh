@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Build the image's wheelhouse on the host, so that `docker build` installs everything with
-# `pip install --no-index` (no package index or HTTPS needed inside the build).
+# `pip install --no-index` (no package index or HTTPS needed inside the build). `podguard image build`
+# (and so `make image`) runs it with the image's Python; it can also be run alone.
 #
 #   docker/build-wheelhouse.sh [OUT]    (default OUT: docker/wheelhouse)
 #
 # OUT/app/   podguard's own wheel, rebuilt every time (cheap)
-# OUT/deps/  its dependencies + torch, for the image's Python; cached: re-resolved only when
+# OUT/deps/  what the image installs and nothing more: podguard's core requirements (not the laptop
+#            extras pods/image) + torch, for the image's Python; cached: re-resolved only when
 #            pyproject.toml, TORCH_SPEC or IMAGE_PYTHON change
 #
-# Environment: IMAGE_PYTHON (the base image's python3 version, e.g. 3.11; default: the host pip's),
-# TORCH_SPEC (default torch==2.13.0, the CPU build on the CI machines' disk; `torch` for a CUDA build),
-# PIP (default: python3 -m pip).
+# Environment: IMAGE_PYTHON (the base image's python3 version, e.g. 3.12; default: the host pip's),
+# TORCH_SPEC (default torch==2.13.0: on Linux x86_64 PyPI resolves it to the CUDA 13 build; this project's
+# CI machines carry a CPU build of it on disk), PIP (default: python3 -m pip). pip's own settings
+# (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, e.g. PyTorch's CUDA 12 index) apply here, on the host only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docker/wheelhouse}
