@@ -64,7 +64,7 @@ PODGUARD_DRIVER = r"""
 import sys
 from podguard.launch.modes import per_gpu_specs
 from podguard.launch.run import run_job
-from podguard.preflight.selection import Selection
+from podguard.gpu.selected import Selection
 workers, worker, data_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cpu = Selection(gpus=(), source="none", inventory_count=0)
 argv = [sys.executable, worker, data_dir]

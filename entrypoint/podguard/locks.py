@@ -104,3 +104,17 @@ def local_lock_dir(area: str) -> Path:
     path = Path(tempfile.gettempdir()) / f"podguard-{area}-{os.getuid()}"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def holder_command() -> str:
+    """This process's command line, redacted and shortened, for lock and lease files ("podguard train -- ...")."""
+    import sys
+
+    from podguard.redact import redact_command
+
+    argv = list(sys.argv) or ["python"]
+    argv[0] = os.path.basename(argv[0])
+    if argv[0] == "__main__.py":
+        argv[0] = "podguard"
+    text = redact_command(argv)
+    return text if len(text) <= 200 else text[:199] + "…"

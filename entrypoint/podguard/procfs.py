@@ -14,7 +14,17 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-__all__ = ["PROC", "ProcStat", "children_of", "environ_has", "list_pids", "parse_stat", "read_comm", "read_stat"]
+__all__ = [
+    "PROC",
+    "ProcStat",
+    "children_of",
+    "environ_has",
+    "list_pids",
+    "parse_stat",
+    "read_bytes",
+    "read_comm",
+    "read_stat",
+]
 
 PROC = "/proc"
 
@@ -34,7 +44,8 @@ class ProcStat:
     start_time: int
 
 
-def _read_bytes(path: str, size: int = 4096) -> bytes:
+def read_bytes(path: str, size: int = 4096) -> bytes:
+    """Up to `size` bytes of a /proc file in one read (the kernel builds it per read call)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, size)
@@ -63,7 +74,7 @@ def parse_stat(pid: int, raw: bytes) -> ProcStat:
 def read_stat(pid: int) -> ProcStat | None:
     """A fresh read of one process's stat; None when it no longer exists."""
     try:
-        return parse_stat(pid, _read_bytes(f"{PROC}/{pid}/stat"))
+        return parse_stat(pid, read_bytes(f"{PROC}/{pid}/stat"))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -71,7 +82,7 @@ def read_stat(pid: int) -> ProcStat | None:
 def read_comm(pid: int) -> str:
     """The process's short name (`comm`), or '?' when it is gone."""
     try:
-        return _read_bytes(f"{PROC}/{pid}/comm").decode("utf-8", "replace").strip()
+        return read_bytes(f"{PROC}/{pid}/comm").decode("utf-8", "replace").strip()
     except OSError:
         return "?"
 
@@ -89,14 +100,14 @@ def children_of(pid: int) -> list[int]:
     task_dir = f"{PROC}/{pid}/task"
     try:
         tids = os.listdir(task_dir)
-        first = _read_bytes(f"{task_dir}/{tids[0]}/children", 1 << 16)
+        first = read_bytes(f"{task_dir}/{tids[0]}/children", 1 << 16)
     except (OSError, IndexError):
         first = None
     if first is not None:  # CONFIG_PROC_CHILDREN: exact and cheap
         found = [int(p) for p in first.split()]
         for tid in tids[1:]:
             with contextlib.suppress(OSError):
-                found.extend(int(p) for p in _read_bytes(f"{task_dir}/{tid}/children", 1 << 16).split())
+                found.extend(int(p) for p in read_bytes(f"{task_dir}/{tid}/children", 1 << 16).split())
         return found
     return [p for p in list_pids() if (st := read_stat(p)) is not None and st.ppid == pid]
 

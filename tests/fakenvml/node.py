@@ -120,3 +120,22 @@ class NvmlNode:
                 backend.close()
         for holder in self.holders:
             holder.kill_all()
+        _kill_strays(str(self.root))
+
+
+def _kill_strays(marker: str) -> None:
+    """SIGKILL what this node's holders left behind: a worker a respawning parent started just before it was
+    killed is known to nobody, but its command line names this node's folders (and nothing else's does)."""
+    import signal
+
+    needle = marker.encode()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if needle in fh.read():
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            continue

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import UsageError
+from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.modes import (
     only_for_gpu,
     per_gpu_specs,
@@ -18,7 +19,6 @@ from podguard.launch.modes import (
     validate_mode,
 )
 from podguard.launch.run import run_job
-from podguard.preflight.selection import SelectedGpu, Selection
 
 PY = sys.executable
 

@@ -129,10 +129,10 @@ def test_a_worker_failing_on_one_node_stops_both_nodes(tmp_path: Path):
 
 
 def test_a_full_log_volume_under_a_real_torchrun_job_costs_the_logs_not_the_job(tmp_path: Path):
+    from podguard.gpu.selected import Selection
     from podguard.launch.run import run_job
     from podguard.launch.torchrun.command import build_torchrun_spec
     from podguard.launch.torchrun.failure import explain_torchrun_failure
-    from podguard.preflight.selection import Selection
 
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import UsageError
+from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.modes import only_for_gpu
 from podguard.launch.roles import READY_TIMEOUT_EXIT, load_roles, parse_roles, run_roles
-from podguard.preflight.selection import SelectedGpu, Selection
 
 PY = sys.executable
 

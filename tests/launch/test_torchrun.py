@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import ExitCode, UsageError
+from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.ports import allocate_master_port
 from podguard.launch.spec import JobOutcome, WorkerExit, WorkerSpec
 from podguard.launch.torchrun.command import REPLY_FILE, build_torchrun_spec, classify_command
 from podguard.launch.torchrun.failure import explain_torchrun_failure
-from podguard.preflight.selection import SelectedGpu, Selection
 from podguard.rank.wrap import EXIT_FILE
 
 CPU = Selection(gpus=(), source="none", inventory_count=0)

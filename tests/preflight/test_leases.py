@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.ports import allocate_master_port, master_port_from_env, port_in_use
 from podguard.preflight.leases import acquire_gpus, current_gpu_leases
-from podguard.preflight.selection import SelectedGpu, Selection
 
 GPUS = tuple(SelectedGpu(i, f"GPU-{i:08d}-0000-0000-0000-00000000000{i}", f"GPU-{i:08d}-x") for i in range(4))
 
@@ -30,7 +30,7 @@ HOLDER = textwrap.dedent(
     from pathlib import Path
     from podguard.launch.ports import allocate_master_port
     from podguard.preflight.leases import acquire_gpus
-    from podguard.preflight.selection import SelectedGpu
+    from podguard.gpu.selected import SelectedGpu
     lease_dir, explicit, count, indices, command = Path(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]), \\
         [int(i) for i in sys.argv[4].split(",")], sys.argv[5]
     gpus = [SelectedGpu(i, f"GPU-{i:08d}-0000-0000-0000-00000000000{i}", f"GPU-{i:08d}-x") for i in indices]

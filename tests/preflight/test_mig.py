@@ -17,10 +17,10 @@ import pytest
 
 from fakenvml import NvmlNode, mig_unprivileged, pid_alive
 from podguard.errors import PodguardError
+from podguard.gpu.selected import SelectedGpu
 from podguard.preflight.leases import acquire_gpus
 from podguard.preflight.options import PreflightOptions, ProbeMode
 from podguard.preflight.pipeline import run_preflight
-from podguard.preflight.selection import SelectedGpu
 
 
 def _preflight(node: NvmlNode, gpu_list: str, **changes: object):
@@ -61,7 +61,7 @@ HOLD = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from podguard.preflight.leases import acquire_gpus
-    from podguard.preflight.selection import SelectedGpu
+    from podguard.gpu.selected import SelectedGpu
     index, uuid, visible = sys.argv[2], sys.argv[3], sys.argv[4]
     with acquire_gpus([SelectedGpu(int(index), uuid, visible)], explicit=True, lease_dir=Path(sys.argv[1]),
                       command="podguard train -- python job.py"):

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.gpu.selected import Selection
 from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit, configure
 from podguard.launch.spec import JobOutcome
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import run_preflight
-from podguard.preflight.selection import Selection
 from podguard.redact import redact_command
 
 if TYPE_CHECKING:
@@ -44,7 +44,12 @@ def configure_counted(
     entry process backs off like any other crash loop (a person at a shell still gets the error at once).
     """
     try:
-        return configure(argv, launch, grace_s=opts.grace_s, demo=demo)
+        cfg = configure(argv, launch, grace_s=opts.grace_s, demo=demo)
+        if cfg.options.on_exit is OnExit.STOP_POD:
+            from podguard.pods.selfheal import check_stop_pod
+
+            check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key, or exit 64 before anything runs
+        return cfg
     except UsageError as exc:
         _count_refused_start(argv or [str(launch.job_file)], launch.mode, opts, exc)
         raise

@@ -90,10 +90,6 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
         from podguard.launch.prefix import PREFIX_FIELDS, check_format
 
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
-    if opts.on_exit is OnExit.STOP_POD:
-        from podguard.pods.selfheal import check_stop_pod
-
-        check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key, or exit 64 before anything runs
     prepare_argv, cache_key = _prepare(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
     _check_nodes(cfg)

@@ -10,12 +10,9 @@ delayed: docs/lifecycle.md.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -35,6 +32,7 @@ from podguard.launch.outcomes import (
     record_path,
     record_run,
 )
+from podguard.pause import next_signal, signals_held, wait_for_signal
 
 __all__ = [
     "LaunchAction",
@@ -60,7 +58,6 @@ LOOP_WINDOW_S = 30 * 60.0
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
 COUNTDOWN_STEP_S = 10.0
-_WAKE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class LaunchAction(StrEnum):
@@ -163,66 +160,6 @@ def plan_launch(
 # Waiting for signals (the backoff countdown, --on-exit idle)
 
 
-def _noop(signum: int, frame: object) -> None:
-    """A handler, so that PID 1 does not have these signals discarded."""
-
-
-def _reap_all() -> None:
-    """As PID 1, every orphan in the container is ours to reap."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[set[signal.Signals]]:
-    """Block SIGTERM/SIGINT/SIGHUP (and SIGCHLD as PID 1) with handlers installed, for as long as a pause
-    lasts: one that arrives while podguard is printing stays pending instead of being lost (PID 1 would
-    otherwise discard it) or killing podguard mid-line."""
-    watched = set(_WAKE_SIGNALS)
-    if os.getpid() == 1:
-        watched.add(signal.SIGCHLD)
-    old = {sig: signal.getsignal(sig) for sig in watched}
-    for sig in watched:
-        signal.signal(sig, _noop)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
-    try:
-        yield watched
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for sig, handler in old.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-def _next_signal(watched: set[signal.Signals], timeout: float | None) -> int | None:
-    """The next held signal within `timeout` s (None = forever), reaping orphans as PID 1; or None."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        if deadline is None:
-            info = signal.sigwaitinfo(watched)
-        else:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            info = signal.sigtimedwait(watched, left)
-            if info is None:
-                return None
-        if info.si_signo == signal.SIGCHLD:
-            _reap_all()
-            continue
-        return info.si_signo
-
-
-def wait_for_signal(timeout: float | None) -> int | None:
-    """Wait up to `timeout` s (None = forever) for SIGTERM/SIGINT/SIGHUP; the signal, or None."""
-    with _signals_held() as watched:
-        return _next_signal(watched, timeout)
-
-
 def _say(out: TextIO | None, text: str) -> None:
     stream = out if out is not None else sys.stderr
     stream.write(f"podguard: {text}\n")
@@ -234,11 +171,11 @@ def backoff_wait(
 ) -> int | None:
     """The announced restart-loop pause: countdown lines, interruptible. Returns the signal, or None."""
     then = "launching again" if decision.action is LaunchAction.BACKOFF else "going on"
-    with _signals_held() as watched:
+    with signals_held() as watched:
         _say(out, f"{decision.reason} (SIGTERM or Ctrl-C to stop; outcome history: {decision.record})")
         left = decision.delay_s
         while left > 0:
-            got = _next_signal(watched, min(step_s, left))
+            got = next_signal(watched, min(step_s, left))
             if got is not None:
                 _say(out, f"received {signal.Signals(got).name} during the restart-loop pause; not launching")
                 return got
@@ -251,13 +188,13 @@ def backoff_wait(
 def idle(exit_code: int, record: Path | None, *, out: TextIO | None = None) -> int:
     """`--on-exit idle`: keep the container alive until a signal; returns the job's exit code."""
     where = f"; outcome recorded in {record}" if record is not None else ""
-    with _signals_held() as watched:
+    with signals_held() as watched:
         _say(
             out,
             f"job ended with exit code {exit_code}{where}. Idling to keep the container up (--on-exit idle); "
             "stop the pod or send SIGTERM to end",
         )
-        got = _next_signal(watched, None)
+        got = next_signal(watched, None)
     if got is not None:
         _say(out, f"received {signal.Signals(got).name}; leaving (job exit code {exit_code})")
     return exit_code

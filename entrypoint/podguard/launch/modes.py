@@ -25,7 +25,7 @@ from podguard.launch.prefix import DEFAULT_CPU_PREFIX, DEFAULT_PREFIX, PREFIX_FI
 from podguard.launch.spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from podguard.preflight.selection import SelectedGpu, Selection
+    from podguard.gpu.selected import SelectedGpu, Selection
 
 __all__ = [
     "DEFAULT_MASTER_ADDR",

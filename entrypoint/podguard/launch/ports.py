@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -129,17 +128,6 @@ class PortLease:
         return f"PortLease(port={self.port}, held={self.held})"
 
 
-def _default_command() -> str:
-    argv = list(sys.argv) or ["python"]
-    argv[0] = os.path.basename(argv[0])
-    if argv[0] == "__main__.py":
-        argv[0] = "podguard"
-    from podguard.redact import redact_command
-
-    text = redact_command(argv)
-    return text if len(text) <= 200 else text[:199] + "…"
-
-
 def _port_dir(lease_dir: Path | None) -> Path:
     """`<lease dir>/ports-<host>`: ports belong to a host's network namespace, not to a shared volume."""
     from podguard import locks
@@ -245,7 +233,7 @@ def allocate_master_port(
     from podguard import locks
 
     pdir = _port_dir(lease_dir)
-    cmd = command or _default_command()
+    cmd = command or locks.holder_command()
     try:
         if preferred is not None:
             return _lease_preferred(pdir, preferred, cmd)

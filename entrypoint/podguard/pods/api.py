@@ -12,19 +12,13 @@ because only the caller can tell whether a lost answer created a pod (see placem
 from __future__ import annotations
 
 from collections.abc import Iterator
-from enum import StrEnum
 from typing import Protocol
 
-from podguard.pods.model import LogEvent, Pod, PodAction, PodRequest, TemplateRequest
+from podguard.pods.model import ApiKind, LogEvent, Pod, PodAction, PodRequest, TemplateRequest
 from podguard.pods.retry import RetryPolicy
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ApiKind", "LogStream", "PodApi", "open_api"]
-
-
-class ApiKind(StrEnum):
-    REST = "rest"
-    GRAPHQL = "graphql"
 
 
 class LogStream(Protocol):

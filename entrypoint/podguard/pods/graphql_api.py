@@ -23,10 +23,19 @@ from runpod import error as rp_error
 from runpod.api.graphql import run_graphql_query
 
 from podguard.errors import UsageError
-from podguard.pods.api import ApiKind
 from podguard.pods.auth import ApiKey, key_hint
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import GpuInfo, Pod, PodAction, PodRequest, PodStatus, PortInfo, TemplateRequest, Volume
+from podguard.pods.model import (
+    ApiKind,
+    GpuInfo,
+    Pod,
+    PodAction,
+    PodRequest,
+    PodStatus,
+    PortInfo,
+    TemplateRequest,
+    Volume,
+)
 from podguard.pods.model import allowed_actions as _allowed
 from podguard.pods.rest_api import RestApi, RestLogStream
 from podguard.pods.retry import RetryPolicy, with_retry

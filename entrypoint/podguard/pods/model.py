@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "ApiKind",
     "CpuInfo",
     "GpuInfo",
     "LogEvent",
@@ -27,6 +28,11 @@ __all__ = [
     "allowed_actions",
     "public_view",
 ]
+
+
+class ApiKind(StrEnum):
+    REST = "rest"  # REST v2 over the stdlib: the default, and what runs inside pods
+    GRAPHQL = "graphql"  # the `runpod` SDK: spot pods and `--api graphql`
 
 
 class PodStatus(StrEnum):

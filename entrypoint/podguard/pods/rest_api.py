@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from podguard.errors import UsageError
-from podguard.pods.api import ApiKind
 from podguard.pods.auth import ApiKey
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.model import (
+    ApiKind,
     CpuInfo,
     GpuInfo,
     LogEvent,

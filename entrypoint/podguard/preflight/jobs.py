@@ -12,8 +12,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.preflight.leases import gpu_lease_key, live_gpu_leases
-from podguard.preflight.selection import SelectedGpu, Selection
 
 __all__ = ["LeasedElsewhere", "leased_elsewhere"]
 

@@ -13,23 +13,21 @@ import json
 import os
 import re
 import socket
-import sys
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from podguard.gpu.selected import SelectedGpu
 from podguard.locks import flock_supported, local_lock_dir, open_lock, try_flock
-from podguard.preflight.selection import SelectedGpu
 from podguard.procfs import read_stat
-from podguard.redact import redact_command, redact_text
+from podguard.redact import redact_text
 from podguard.state import state_dir, subdir
 
 __all__ = [
     "LeaseHolder",
     "card_key",
     "current_gpu_leases",
-    "default_command",
     "default_lease_dir",
     "gpu_lease_key",
     "is_locked",
@@ -75,16 +73,6 @@ class LeaseHolder:
             fmt = "%H:%M" if time.strftime("%Y-%m-%d", lt) == time.strftime("%Y-%m-%d") else "%Y-%m-%d %H:%M"
             text += f" since {time.strftime(fmt, lt)}"
         return text
-
-
-def default_command() -> str:
-    """This process's command line, redacted and shortened, for lease files ("podguard train -- python a.py")."""
-    argv = list(sys.argv) or ["python"]
-    argv[0] = os.path.basename(argv[0])
-    if argv[0] == "__main__.py":
-        argv[0] = "podguard"
-    text = redact_command(argv)
-    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def read_holder(path: Path) -> LeaseHolder | None:

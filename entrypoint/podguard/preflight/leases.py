@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from podguard.errors import ExitCode, PodguardError, UsageError
-from podguard.locks import NoFlock, local_lock_dir
+from podguard.gpu.selected import SelectedGpu, Selection
+from podguard.locks import NoFlock, holder_command, local_lock_dir
 from podguard.preflight.lease_files import (
     LeaseHolder,
     card_key,
     current_gpu_leases,
-    default_command,
     default_lease_dir,
     gpu_lease_key,
     is_locked,
@@ -30,14 +30,12 @@ from podguard.preflight.lease_files import (
     try_lock,
     unlock,
 )
-from podguard.preflight.selection import SelectedGpu, Selection
 
 __all__ = [
     "GpuLease",
     "LeaseHolder",
     "acquire_gpus",
     "current_gpu_leases",
-    "default_command",
     "default_lease_dir",
     "gpu_lease_key",
     "leased_pids",
@@ -242,7 +240,7 @@ def acquire_gpus(
     need = _check_counts(cands, count, explicit, timeout_s)
     if need == 0:
         return GpuLease((), (), ())
-    locker = _Locker(_gpu_dir(lease_dir), command or default_command())
+    locker = _Locker(_gpu_dir(lease_dir), command or holder_command())
     start = time.monotonic()
     deadline = None if timeout_s is None else start + timeout_s
     delay = _POLL_FIRST_S

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
+from podguard.gpu.selected import Selection
 from podguard.preflight.gate.rules import Finding, GateResult, Verdict
 from podguard.preflight.options import PreflightOptions, validate_options
-from podguard.preflight.selection import Selection, mig_scope, select_for, select_gpus
+from podguard.preflight.selection import mig_scope, select_for, select_gpus
 from podguard.records import to_data
 from podguard.report import Timings, format_summary, verdict_word, write_report
 from podguard.state import state_dir

@@ -27,7 +27,7 @@ from podguard.launch.roles.gpus import allocate, order_check
 from podguard.launch.spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from podguard.preflight.selection import SelectedGpu, Selection
+    from podguard.gpu.selected import SelectedGpu, Selection
 
 __all__ = ["DEFAULT_READY_TIMEOUT_S", "ReadyCheck", "ReadyKind", "Role", "RolesPlan", "load_roles", "parse_roles"]
 

@@ -29,7 +29,7 @@ from podguard.launch.spec import JobOutcome
 from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor
 
 if TYPE_CHECKING:
-    from podguard.preflight.selection import Selection
+    from podguard.gpu.selected import Selection
 
 __all__ = ["READY_TIMEOUT_EXIT", "RoleState", "RolesController", "run_roles"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from podguard.errors import UsageError
 
 if TYPE_CHECKING:
-    from podguard.preflight.selection import SelectedGpu, Selection
+    from podguard.gpu.selected import SelectedGpu, Selection
 
 __all__ = ["allocate", "order_check"]
 

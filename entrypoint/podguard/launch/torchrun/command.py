@@ -30,7 +30,7 @@ from podguard.launch.torchrun.rendezvous import RdzvBackend, env_value, rendezvo
 from podguard.rank.wrap import DEFAULT_RANK_PREFIX, WRAP_MODULE
 
 if TYPE_CHECKING:
-    from podguard.preflight.selection import Selection
+    from podguard.gpu.selected import Selection
 
 __all__ = [
     "AGENT_NAME",

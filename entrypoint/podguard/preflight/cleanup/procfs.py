@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from podguard.preflight.cleanup.devices import NvidiaDeviceFiles, find_device_files, gpu_minor, resolve_dev_dir
 from podguard.preflight.cleanup.names import SHELLS, names_of
-from podguard.procfs import PROC, ProcStat, parse_stat, read_stat
+from podguard.procfs import PROC, ProcStat, parse_stat, read_bytes, read_stat
 from podguard.redact import redact_argv
 
 __all__ = [
@@ -36,19 +36,11 @@ __all__ = [
 _PF_KTHREAD = 0x00200000  # task flag of kernel threads: they have no fds worth reading
 
 
-def _read_bytes(path: str, size: int = 4096) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, size)
-    finally:
-        os.close(fd)
-
-
 def ticks_now() -> int:
     """Clock ticks since boot now, the unit of `ProcInfo.start_time`: a process with a later start time
     was started after this call (0 when /proc/uptime cannot be read: then every process counts as new)."""
     try:
-        uptime = float(_read_bytes(f"{PROC}/uptime", 64).split()[0])
+        uptime = float(read_bytes(f"{PROC}/uptime", 64).split()[0])
     except (OSError, ValueError, IndexError):
         return 0
     return int(uptime * os.sysconf("SC_CLK_TCK"))
@@ -57,7 +49,7 @@ def ticks_now() -> int:
 def read_cmdline(pid: int) -> tuple[str, ...]:
     """argv as the process sees it now; () for kernel threads, zombies and processes that are gone."""
     try:
-        raw = _read_bytes(f"{PROC}/{pid}/cmdline", 1 << 17)
+        raw = read_bytes(f"{PROC}/{pid}/cmdline", 1 << 17)
     except OSError:
         return ()
     parts = raw.split(b"\0")
@@ -274,7 +266,7 @@ def scan_processes(dev_dir: str | os.PathLike[str] | None = None, *, fds: bool =
             continue
         pid = int(entry)
         try:
-            st = parse_stat(pid, _read_bytes(f"{PROC}/{entry}/stat"))
+            st = parse_stat(pid, read_bytes(f"{PROC}/{entry}/stat"))
         except (OSError, ValueError, IndexError):
             continue  # exited while we looked
         kthread = bool(st.flags & _PF_KTHREAD)
