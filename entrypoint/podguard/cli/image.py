@@ -10,11 +10,14 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from podguard.errors import ExitCode, PodguardError, UsageError
+
+if TYPE_CHECKING:
+    from podguard.image.run import RunResult
 
 image_app = typer.Typer(
     name="image",
@@ -152,18 +155,7 @@ def run(
     if as_json:
         _emit(asdict(result))
         return
-    print(f"podguard image run: started {result.name} ({result.container_id[:12]}), pod id {result.pod_id}")
-    print(f"  image   {result.image}  {' '.join(result.command)}")
-    print(f"  gpus    {result.gpus}")
-    print(f"  volume  {result.volume or 'none'}{' at ' + request.spec.volume_path if request.spec.volume_path else ''}")
-    for port, where in result.ports.items():
-        host, _, number = where.rpartition(":")
-        hint = f"  (ssh root@{host} -p {number})" if port == "22/tcp" else ""
-        print(f"  port    {port} -> {where}{hint}")
-    if result.replaced:
-        print(f"  replaced its previous container {result.replaced}")
-    print("  restart when its command exits (stop: docker stop " + result.name + ")")
-    print(f"  logs    docker logs -f {result.name}")
+    _print_run(result, request.spec.volume_path)
 
 
 @image_app.command("smoke")
@@ -198,3 +190,18 @@ def smoke(
         raise PodguardError(
             f"image {image} failed {sum(not c.ok for c in report.checks)} smoke check(s)", ExitCode.FAILURE
         )
+
+
+def _print_run(result: RunResult, volume_path: str | None) -> None:
+    print(f"podguard image run: started {result.name} ({result.container_id[:12]}), pod id {result.pod_id}")
+    print(f"  image   {result.image}  {' '.join(result.command)}")
+    print(f"  gpus    {result.gpus}")
+    print(f"  volume  {result.volume or 'none'}{' at ' + volume_path if volume_path else ''}")
+    for port, where in result.ports.items():
+        host, _, number = where.rpartition(":")
+        hint = f"  (ssh root@{host} -p {number})" if port == "22/tcp" else ""
+        print(f"  port    {port} -> {where}{hint}")
+    if result.replaced:
+        print(f"  replaced its previous container {result.replaced}")
+    print("  restart when its command exits (stop: docker stop " + result.name + ")")
+    print(f"  logs    docker logs -f {result.name}")
