@@ -211,7 +211,7 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 def _run_mode(
     mode: LaunchMode, cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path
 ) -> JobOutcome:
-    from podguard.launch import modes, roles
+    from podguard.launch import modes
     from podguard.launch.run import run_job
 
     logs = run_dir / "logs"
@@ -219,6 +219,8 @@ def _run_mode(
     only_gpu = cfg.options.only_gpu
     only: set[str] | None = None
     if mode is LaunchMode.ROLES:
+        from podguard.launch import roles  # the TOML parser and the threaded controller: roles mode only
+
         assert cfg.options.job_file is not None and port is not None
         plan = roles.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
         if only_gpu is not None:
