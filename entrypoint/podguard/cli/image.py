@@ -168,18 +168,11 @@ def smoke(
     as_json: Json = False,
 ) -> None:
     """Quick checks of a built image, timed: --version, doctor --json, the demo train, docker stop."""
-    from docker.errors import ImageNotFound
-
-    from podguard.image.engine import connect
+    from podguard.image.engine import connect, require_image
     from podguard.image.smoke import render_check, render_smoke, run_smoke
 
     client = connect()
-    try:
-        client.images.get(image)
-    except ImageNotFound:
-        raise UsageError(
-            f"image {image!r} is not on this Docker host (build it: podguard image build --tag {image})"
-        ) from None
+    require_image(client, image)
     show = None if as_json else lambda c: print(render_check(c), flush=True)
     report = run_smoke(client, image, on_check=show, only=tuple(check or ()))
     if as_json:

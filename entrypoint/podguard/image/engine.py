@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from podguard.errors import ExitCode, PodguardError
+from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["connect", "engine_error", "has_nvidia_runtime"]
+__all__ = ["connect", "engine_error", "has_nvidia_runtime", "require_image"]
 
 
 def connect(timeout_s: float = 120) -> docker.DockerClient:
@@ -50,3 +50,15 @@ def _short(exc: Exception) -> str:
     explanation = getattr(exc, "explanation", None)
     text = str(explanation or exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def require_image(client: docker.DockerClient, image: str) -> None:
+    """UsageError (64) naming the image and how to build it when this Docker host does not have it."""
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(image)
+    except ImageNotFound:
+        raise UsageError(
+            f"image {image!r} is not on this Docker host (build it: podguard image build --tag {image})"
+        ) from None
