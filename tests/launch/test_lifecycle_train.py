@@ -136,17 +136,9 @@ def _child_of(pid: int) -> int:
     raise AssertionError(f"pid {pid} started no child")
 
 
-def test_a_broken_gpu_restart_loop_backs_off_instead_of_spinning(node, state, tmp_path):
-    require_namespaces()
-    node.write(remap_failure())
-    args = ["train", "--mode", "single", "--", "true"]
-    for _ in range(2):
-        proc = _container_start(node, args)
-        assert proc.returncode == 76, proc.stderr[-3000:]
-    [record] = _histories(state)
-    assert [(r["kind"], r["exit_code"], r["root_cause"]) for r in record["history"]] == [("start", 76, "preflight")] * 2
-    assert "failed the health check" in record["history"][-1]["detail"]
-
+def _sigterm_during_the_backoff(node, args: list[str]) -> tuple[int, str]:
+    """Start the container once more, wait for the announced 10 s pause, `docker stop` it (SIGTERM to
+    podguard, its PID 1); its exit code and everything it printed."""
     third = subprocess.Popen(
         in_container([*PODGUARD, *args]), env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -158,13 +150,29 @@ def test_a_broken_gpu_restart_loop_backs_off_instead_of_spinning(node, state, tm
         while "waiting 10 s before launching again" not in seen:
             seen += lines.get(timeout=max(0.1, deadline - time.monotonic()))
             assert time.monotonic() < deadline and third.poll() is None, seen
-        os.kill(_child_of(third.pid), signal.SIGTERM)  # `docker stop` during the pause
-        assert third.wait(timeout=30) == 128 + signal.SIGTERM
+        os.kill(_child_of(third.pid), signal.SIGTERM)
+        code = third.wait(timeout=30)
     finally:
         third.kill()
         third.wait()
     while (line := lines.get(timeout=10)) != "":
         seen += line
+    return code, seen
+
+
+def test_a_broken_gpu_restart_loop_backs_off_instead_of_spinning(node, state, tmp_path):
+    require_namespaces()
+    node.write(remap_failure())
+    args = ["train", "--mode", "single", "--", "true"]
+    for _ in range(2):
+        proc = _container_start(node, args)
+        assert proc.returncode == 76, proc.stderr[-3000:]
+    [record] = _histories(state)
+    assert [(r["kind"], r["exit_code"], r["root_cause"]) for r in record["history"]] == [("start", 76, "preflight")] * 2
+    assert "failed the health check" in record["history"][-1]["detail"]
+
+    code, seen = _sigterm_during_the_backoff(node, args)
+    assert code == 128 + signal.SIGTERM
     assert "crashed within 60 s of starting 2 times in a row (last: exit 76)" in seen
     assert "not launching" in seen and "UNHEALTHY" not in seen  # no preflight ran during the pause
 
@@ -248,22 +256,8 @@ def test_a_refused_configuration_in_a_restart_loop_is_counted_and_backs_off(node
     assert [(r["kind"], r["exit_code"], r["root_cause"]) for r in record["history"]] == [
         ("start", 64, "configuration")
     ] * 2
-    third = subprocess.Popen(
-        in_container([*PODGUARD, *args]), env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_lines, args=(third.stderr, lines), daemon=True).start()
-    seen = ""
-    try:
-        deadline = time.monotonic() + 60
-        while "waiting 10 s before launching again" not in seen:
-            seen += lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert time.monotonic() < deadline and third.poll() is None, seen
-        os.kill(_child_of(third.pid), signal.SIGTERM)
-        assert third.wait(timeout=30) == 64  # the pause ends; the error is still the answer
-    finally:
-        third.kill()
-        third.wait()
+    code, _ = _sigterm_during_the_backoff(node, args)
+    assert code == 64  # the pause ends; the error is still the answer
 
 
 def test_a_bad_option_typed_by_a_person_fails_at_once(node, state):

@@ -87,6 +87,16 @@ def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> 
         ) from None
 
 
+def _client_and_pod(kind: str | None, retry_for: float, ref: str) -> tuple[PodApi, Pod]:
+    """An API client and the pod named `ref` (by id or name); exit 66 when there is none."""
+    from podguard.pods.placement import find_pod
+
+    client = _api(kind, retry_for)
+    target = find_pod(client, ref)
+    assert target is not None  # find_pod raises NOT_FOUND (66) unless missing_ok
+    return client, target
+
+
 def _progress(quiet: bool = False) -> Progress:
     from podguard.pods.progress import Progress
 
@@ -215,11 +225,8 @@ def logs(
     import time
 
     from podguard.pods.follow import LogFollower, drain_quiet
-    from podguard.pods.placement import find_pod
 
-    client = _api(api, retry_for)
-    target = find_pod(client, pod)
-    assert target is not None
+    client, target = _client_and_pod(api, retry_for, pod)
     tuning = _tuning()
     follower = LogFollower(client, target.id, since=None, tail=tail, backoff_s=tuning.backoff_s)
     follower.start()
@@ -258,12 +265,9 @@ def wait(
     retry_for: RetryFor = 60.0,
 ) -> None:
     """Wait until the pod runs and its preflight passed (76 when it failed, 75 on timeout)."""
-    from podguard.pods.placement import find_pod
     from podguard.pods.readiness import wait_ready
 
-    client = _api(api, retry_for)
-    target = find_pod(client, pod)
-    assert target is not None
+    client, target = _client_and_pod(api, retry_for, pod)
     progress = _progress()
     outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=_tuning(), progress=progress)
     progress.close()
@@ -326,11 +330,8 @@ def heal(
     """Restart, then stop+start (fresh driver state), then with --replace an identical pod elsewhere."""
     from podguard.pods.heal import heal as run_heal
     from podguard.pods.heal import heal_record
-    from podguard.pods.placement import find_pod
 
-    client = _api(api, retry_for)
-    target = find_pod(client, pod)
-    assert target is not None
+    client, target = _client_and_pod(api, retry_for, pod)
     progress = _progress()
     result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
     progress.close()

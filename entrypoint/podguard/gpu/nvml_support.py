@@ -231,26 +231,22 @@ class Reader:
         return None
 
     def record(self, label: str, exc: BaseException) -> None:
-        code = error_code(exc)
-        self.failures[label] = error_name(code)
-        if code in NOT_AVAILABLE_CODES:
-            return
-        if code == NVML_ERROR_GPU_IS_LOST:
-            self.lost = True
-            return
-        self.errors.append(f"{label}: {describe_error(exc)}")
+        self._account(label, error_code(exc), describe_error(exc))
 
     def code(self, label: str, code: int) -> None:
         """Account for a per-field return code (nvmlFieldValue_t.nvmlReturn)."""
-        if code == NVML_SUCCESS:
-            return
+        if code != NVML_SUCCESS:
+            self._account(label, code, f"NVML error {code}")
+
+    def _account(self, label: str, code: int | None, detail: str) -> None:
+        """A failed query: "not available" is just noted, a lost GPU marks the snapshot, anything else is an error."""
         self.failures[label] = error_name(code)
         if code in NOT_AVAILABLE_CODES:
             return
         if code == NVML_ERROR_GPU_IS_LOST:
             self.lost = True
             return
-        self.errors.append(f"{label}: NVML error {code}")
+        self.errors.append(f"{label}: {detail}")
 
 
 def unknown_fields(r: Reader, memory_used: int | None, processes: tuple[GpuProcess, ...] | None) -> tuple[str, ...]:

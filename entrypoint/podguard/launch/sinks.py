@@ -127,7 +127,27 @@ class _Queue:
         return True
 
 
-class TerminalSink:
+class _Sink:
+    """What the terminal and the log files share: an optional background queue (writes off the event loop)."""
+
+    _queue: _Queue | None
+
+    @property
+    def congested(self) -> bool:
+        """The queue is past its high-water mark: the caller stops reading workers' pipes until it drains."""
+        return self._queue is not None and self._queue.pending > HIGH_WATER
+
+    @property
+    def backlog(self) -> int:
+        """Bytes handed over but not written yet."""
+        return self._queue.pending if self._queue is not None else 0
+
+    def close(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
+        """Flush the queue; False when it stalled (no progress for `stall_s`, or past `cap_s` in all)."""
+        return True if self._queue is None else self._queue.close(stall_s=stall_s, cap_s=cap_s)
+
+
+class TerminalSink(_Sink):
     """The terminal side: a raw fd when there is one (one `writev` per batch), else any `.write(bytes)`."""
 
     def __init__(
@@ -154,15 +174,6 @@ class TerminalSink:
                 self.obj = buffer if buffer is not None else out
                 self.text = buffer is None and isinstance(out, io.TextIOBase)
         self._queue: _TerminalQueue | None = _TerminalQueue(self, on_drained) if background else None
-
-    @property
-    def congested(self) -> bool:
-        return self._queue is not None and self._queue.pending > HIGH_WATER
-
-    @property
-    def backlog(self) -> int:
-        """Bytes handed over but not written yet."""
-        return self._queue.pending if self._queue is not None else 0
 
     def submit(self, bufs: list[bytes]) -> None:
         """Write `bufs` in order: now, or (background) soon, without blocking the caller."""
@@ -191,9 +202,6 @@ class TerminalSink:
             with contextlib.suppress(ValueError, OSError):  # a closed or broken stream: stop printing
                 self.obj.write(data.decode("utf-8", "replace") if self.text else data)  # type: ignore[arg-type]
                 self.obj.flush()
-
-    def close(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
-        return True if self._queue is None else self._queue.close(stall_s=stall_s, cap_s=cap_s)
 
 
 class _TerminalQueue(_Queue):
@@ -225,21 +233,13 @@ def open_log(name: str, path: Path) -> LogFile:
     return LogFile(name, Path(path), fd)
 
 
-class LogSink:
+class LogSink(_Sink):
     """Per-worker log files (appended, unprefixed). A file whose write fails is dropped and reported once
     through `failures()`: logs are best-effort, the job goes on."""
 
     def __init__(self, *, background: bool = False, on_drained: Callable[[], None] | None = None) -> None:
         self._failed: deque[LogFile] = deque()
         self._queue: _LogQueue | None = _LogQueue(self, on_drained) if background else None
-
-    @property
-    def congested(self) -> bool:
-        return self._queue is not None and self._queue.pending > HIGH_WATER
-
-    @property
-    def backlog(self) -> int:
-        return self._queue.pending if self._queue is not None else 0
 
     def submit(self, log: LogFile, data: bytes) -> None:
         if self._queue is not None:
@@ -273,9 +273,6 @@ class LogSink:
         while self._failed:
             out.append(self._failed.popleft())
         return out
-
-    def close(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
-        return True if self._queue is None else self._queue.close(stall_s=stall_s, cap_s=cap_s)
 
 
 class _LogQueue(_Queue):
