@@ -22,7 +22,7 @@ from podguard.errors import ExitCode, UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.ports import allocate_master_port
 from podguard.launch.spec import JobOutcome, WorkerExit, WorkerSpec
-from podguard.launch.torchrun.command import REPLY_FILE, build_torchrun_spec, classify_command
+from podguard.launch.torchrun.command import REPLY_FILE, build_torchrun_spec, classify_command, torchrun_accepts
 from podguard.launch.torchrun.failure import explain_torchrun_failure
 from podguard.rank.wrap import EXIT_FILE
 
@@ -189,6 +189,23 @@ def test_launching_torchrun_inside_torchrun_or_nothing_is_refused(argv):
 def test_plain_mode_and_shutdown_timeout(tmp_path):
     a = spec_for(tmp_path, argv=[sys.executable, "-m", "pkg"], prefix_ranks=False, shutdown_timeout_s=5).argv
     assert a[-2:] == ("-m", "pkg") and "--no-python" not in a and opt(a, "--shutdown-timeout") == "5"
+
+
+def test_torchrun_options_are_read_from_the_agents_own_torch(tmp_path, monkeypatch):
+    """torch 2.11's torchrun has no --shutdown-timeout (exit 2 on a real H200): podguard passes only what the
+    agent interpreter's torch accepts, read from its source in a child interpreter, torch not imported."""
+    old_torch = tmp_path / "site" / "torch"
+    (old_torch / "distributed").mkdir(parents=True)
+    (old_torch / "__init__.py").write_text("raise SystemExit('imported torch')\n")
+    (old_torch / "distributed" / "run.py").write_text('parser.add_argument("--max-restarts")\n')
+    other_python = tmp_path / "python3"
+    other_python.symlink_to(sys.executable)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    assert not torchrun_accepts(str(other_python), "--shutdown-timeout")
+    assert torchrun_accepts(str(other_python), "--max-restarts")
+    assert not torchrun_accepts(str(tmp_path / "no-such-python"), "--max-restarts")
+    if HAS_TORCH:  # this interpreter's own torch (2.13 here) has the option
+        assert torchrun_accepts(sys.executable, "--shutdown-timeout")
 
 
 def test_stale_reply_file_is_removed(tmp_path):

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,6 +178,37 @@ def _check_agent_python(agent_python: str) -> None:
         )
 
 
+def torchrun_accepts(agent_python: str, option: str) -> bool:
+    """Whether the torchrun of `agent_python`'s torch takes `option`, read from its source, torch not imported.
+
+    Older torch releases lack options newer ones have (`--shutdown-timeout` is not in torch 2.11's torchrun:
+    seen on a real H200 pod, where passing it made torchrun exit 2 before any worker started). An option
+    that cannot be confirmed is left out: torchrun's own default applies, and podguard's grace still bounds it.
+    """
+    torch_dir = _torch_dir(agent_python)
+    if torch_dir is None:
+        return False
+    try:
+        source = (torch_dir / "distributed" / "run.py").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return f'"{option}"' in source
+
+
+def _torch_dir(agent_python: str) -> Path | None:
+    """Where `agent_python` finds torch (find_spec of the top-level package imports nothing)."""
+    if agent_python == sys.executable:
+        spec = importlib.util.find_spec("torch")
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        return Path(locations[0]) if locations else None
+    code = "import importlib.util as u; s = u.find_spec('torch'); print(list(s.submodule_search_locations)[0])"
+    try:
+        out = subprocess.run([agent_python, "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
 def _prepare_dirs(error_dir: Path, log_dir: Path | None) -> Path:
     """Create the folders; remove a stale reply file (it must not explain this run). The reply file path."""
     error_dir.mkdir(parents=True, exist_ok=True)
@@ -277,7 +309,7 @@ def build_torchrun_spec(
 
     argv = [agent_python, "-m", "torch.distributed.run", "--nproc-per-node", str(workers), *rdzv_argv]
     argv += ["--max-restarts", str(max_restarts), "--log-dir", str(error_dir)]
-    if shutdown_timeout_s is not None:
+    if shutdown_timeout_s is not None and torchrun_accepts(agent_python, "--shutdown-timeout"):
         argv += ["--shutdown-timeout", str(max(int(shutdown_timeout_s), 0))]  # torchrun takes whole seconds
     if prefix_ranks:
         argv += _wrapped_tail(cmd, agent_python, selection, rank_prefix, log_dir, only_local_ranks)
