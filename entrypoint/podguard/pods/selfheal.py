@@ -29,7 +29,16 @@ from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_cod
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
 
-__all__ = ["ParkMode", "SelfHealConfig", "SelfHealMode", "after_preflight", "check_stop_pod", "stop_own_pod"]
+__all__ = [
+    "ParkMode",
+    "SelfHealConfig",
+    "SelfHealMode",
+    "after_preflight",
+    "check_stop_pod",
+    "request_stop",
+    "stop_own_pod",
+    "wait_to_be_stopped",
+]
 
 ENV_MODE = "PODGUARD_SELF_HEAL"
 ENV_AFTER = "PODGUARD_SELF_HEAL_AFTER"
@@ -211,22 +220,34 @@ def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
             flush=True,
         )
         return code
+    pod_id = os.environ.get(ENV_POD_ID, "").strip()
+    if request_stop(pod_id, "job succeeded", "--on-exit stop-pod", out=out):
+        wait_to_be_stopped()  # the stop ends this container; do not restart meanwhile
+    return code
+
+
+def request_stop(pod_id: str, why: str, by: str, *, out: TextIO) -> bool:
+    """Ask the API to stop this pod (already stopped is success); False, with one warning, when it cannot."""
     from podguard.pods.actions import act_on
     from podguard.pods.api import open_api
     from podguard.pods.model import PodAction
 
-    pod_id = os.environ.get(ENV_POD_ID, "").strip()
     try:
         api = open_api("rest")
-        act_on(api, api.get_pod(pod_id), PodAction.STOP)  # already stopped is success
+        act_on(api, api.get_pod(pod_id), PodAction.STOP)
     except PodguardError as exc:
         print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
-        return code
-    print(f"podguard: job succeeded: stopping pod {pod_id} (--on-exit stop-pod)", file=out, flush=True)
+        return False
+    print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
+    return True
+
+
+def wait_to_be_stopped() -> int | None:
+    """After a stop request: wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S, default 120 s) for the signal with which
+    RunPod ends this container; the signal, or None when none came."""
     from podguard.pods.tuning import Tuning
 
-    _wait_signal(Tuning.from_env().restart_wait_s)  # the stop ends this container; do not restart meanwhile
-    return code
+    return _wait_signal(Tuning.from_env().restart_wait_s)
 
 
 # --------------------------------------------------------------------------------------------------
