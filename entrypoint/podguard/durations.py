@@ -15,9 +15,10 @@ from typing import Any
 
 from podguard.errors import UsageError
 
-__all__ = ["DURATION_HELP", "format_duration", "parse_duration", "parse_usd"]
+__all__ = ["DURATION_HELP", "USD_HELP", "format_duration", "parse_duration", "parse_usd"]
 
 DURATION_HELP = "e.g. 90s, 30m, 2h, 1d or plain seconds; 0 or off disables"
+USD_HELP = "US dollars such as 150 or 12.5; 0 or off disables"
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)$")
 _OFF = ("0", "off")
@@ -53,7 +54,7 @@ def parse_usd(raw: Any, name: str) -> float | None:
     except ValueError:
         value = math.nan
     if not (0 <= value < math.inf):
-        raise UsageError(f"{name}={raw!r} is not an amount; expected US dollars such as 150 or 12.5; 0 or off disables")
+        raise UsageError(f"{name}={raw!r} is not an amount; expected {USD_HELP}")
     return value or None
 
 
