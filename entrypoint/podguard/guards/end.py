@@ -48,12 +48,12 @@ def end_after_trip(trip: Trip, *, out: TextIO | None = None) -> int:
     if pod_id is None:
         _say(out, f"{trip.message}; not inside a RunPod pod with an API key: exiting {int(ExitCode.BILLING_GUARD)}")
         return ExitCode.BILLING_GUARD
-    from podguard.pods.selfheal import request_stop, wait_to_be_stopped
+    from podguard.pods.selfheal import stop_and_wait
 
-    if not request_stop(pod_id, trip.message, "billing ends", out=out):
+    requested, got = stop_and_wait(pod_id, trip.message, "billing ends", out=out)
+    if not requested:
         _say(out, f"the pod could not be stopped: exiting {int(ExitCode.BILLING_GUARD)}; stop it by hand")
         return ExitCode.BILLING_GUARD
-    got = wait_to_be_stopped()
     if got is not None:
         return signal_exit_code(got)
     _say(out, f"stop requested, but this container is still running: exiting {int(ExitCode.BILLING_GUARD)}")

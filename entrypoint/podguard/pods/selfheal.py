@@ -35,9 +35,8 @@ __all__ = [
     "SelfHealMode",
     "after_preflight",
     "check_stop_pod",
-    "request_stop",
+    "stop_and_wait",
     "stop_own_pod",
-    "wait_to_be_stopped",
 ]
 
 ENV_MODE = "PODGUARD_SELF_HEAL"
@@ -221,33 +220,32 @@ def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
         )
         return code
     pod_id = os.environ.get(ENV_POD_ID, "").strip()
-    if request_stop(pod_id, "job succeeded", "--on-exit stop-pod", out=out):
-        wait_to_be_stopped()  # the stop ends this container; do not restart meanwhile
+    stop_and_wait(pod_id, "job succeeded", "--on-exit stop-pod", out=out)  # the stop ends this container
     return code
 
 
-def request_stop(pod_id: str, why: str, by: str, *, out: TextIO) -> bool:
-    """Ask the API to stop this pod (already stopped is success); False, with one warning, when it cannot."""
+def stop_and_wait(pod_id: str, why: str, by: str, *, out: TextIO) -> tuple[bool, int | None]:
+    """Ask the API to stop this pod (already stopped is success), then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S,
+    default 120 s) for the signal with which RunPod ends this container: (requested, the signal or None).
+
+    The signals are held from before the request, so a SIGTERM that follows the request at once is not lost
+    (nor does it kill podguard mid-line); a failed request is one warning."""
+    from podguard.pause import next_signal, signals_held
     from podguard.pods.actions import act_on
     from podguard.pods.api import open_api
     from podguard.pods.model import PodAction
-
-    try:
-        api = open_api("rest")
-        act_on(api, api.get_pod(pod_id), PodAction.STOP)
-    except PodguardError as exc:
-        print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
-        return False
-    print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
-    return True
-
-
-def wait_to_be_stopped() -> int | None:
-    """After a stop request: wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S, default 120 s) for the signal with which
-    RunPod ends this container; the signal, or None when none came."""
     from podguard.pods.tuning import Tuning
 
-    return _wait_signal(Tuning.from_env().restart_wait_s)
+    wait_s = Tuning.from_env().restart_wait_s
+    with signals_held() as watched:
+        try:
+            api = open_api("rest")
+            act_on(api, api.get_pod(pod_id), PodAction.STOP)
+        except PodguardError as exc:
+            print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
+            return False, None
+        print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
+        return True, next_signal(watched, wait_s)
 
 
 # --------------------------------------------------------------------------------------------------
