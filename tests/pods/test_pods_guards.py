@@ -191,6 +191,19 @@ def test_max_runtime_outside_a_pod_is_124_with_the_whole_tree_gone(cli_node, tmp
     assert not any(alive(p) for p in pids)
 
 
+def test_idle_stop_ends_every_per_gpu_worker_outside_a_pod(cli_node, tmp_path):
+    pids = tmp_path / "pids"
+    worker = tmp_path / "w.py"
+    worker.write_text(f"import os, time\nopen({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\ntime.sleep(120)\n")
+    args = ["train", "--mode", "per-gpu", "--idle-stop", "2", "--grace", "1", "--", sys.executable, str(worker)]
+    proc = start(cli_node, args, None)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124, err
+    assert "billing guard --idle-stop" in out and "stopping 8 worker(s)" in out
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 8 and not any(alive(p) for p in started)
+
+
 def test_cpu_only_run_ignores_idle_stop_with_one_warning(cli_node):
     env = {**cli_node.env, **FAST_GUARDS, "LD_LIBRARY_PATH": ""}
     proc = subprocess.run(
