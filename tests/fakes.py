@@ -71,6 +71,9 @@ class FakeBackend:
             return None
         return gpu.memory_used + sum(p.used_memory or 0 for p in self._live(gpu.processes))
 
+    def utilization(self, index: int) -> int | None:
+        return self.gpus[index].utilization_gpu
+
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         return self._live(self.gpus[index].processes)
 

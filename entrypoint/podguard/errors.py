@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     GPU_UNHEALTHY = 76  # hardware or driver problem: needs a pod restart or another machine
     API_ACCESS = 77  # pod commands: API key missing or rejected, or the account may not do this (402/403)
     READY_TIMEOUT = 124  # roles: a role was not ready in time (coreutils `timeout`'s code)
+    BILLING_GUARD = 124  # a billing guard (--idle-stop, --max-runtime, --max-cost) ended the job, outside a pod
     CANNOT_EXECUTE = 126  # the shell's code for "found but cannot be executed"
     NOT_FOUND = 127  # the shell's code for "command not found"
     SIGNAL_BASE = 128  # 128+N: ended by signal N

@@ -396,6 +396,23 @@ def test_cheap_polls_make_minimal_nvml_calls(nvml_node: NvmlNode) -> None:
     assert ctl.fakeNvmlCallCount() - start == 2  # compute + graphics, one call each when empty
 
 
+def test_utilization_poll_is_one_call_and_unknown_is_none(nvml_node: NvmlNode) -> None:
+    scenario = nvml_node.scenario
+    scenario.gpus[1].util_gpu = 73
+    scenario.gpus[2].unsupported.add("utilization")  # e.g. a GPU in MIG mode
+    scenario.gpus[3].fail["utilization"] = "GPU_IS_LOST"
+    nvml_node.write(scenario)
+    backend = nvml_node.backend()
+    assert [backend.utilization(i) for i in range(4)] == [0, 73, None, None]
+    ctl = fake_ctl(nvml_node)
+    start = ctl.fakeNvmlCallCount()
+    backend.utilization(1)
+    assert ctl.fakeNvmlCallCount() - start == 1  # the handle is cached: the idle guard's poll is one call
+    scenario.gpus[1].util_gpu = 4
+    nvml_node.write(scenario)  # the node changes while the backend is open
+    assert backend.utilization(1) == 4
+
+
 def test_snapshot_of_eight_gpus_is_fast(nvml_node: NvmlNode) -> None:
     backend = nvml_node.backend()
     t0 = time.perf_counter()

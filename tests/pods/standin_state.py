@@ -251,6 +251,14 @@ class World:
             key = (pod.gpu_type, pod.machine.dc)
             self.capacity[key] = self.capacity.get(key, 0) + pod.gpu_count
 
+    def backdate(self, pod_id: str, seconds: float) -> None:
+        """Move the pod's start `seconds` into the past: its clock has run that much longer (spend, uptime)."""
+        with self.lock:
+            pod = self.get(pod_id)
+            assert pod.started_at is not None, "the pod has not started yet"
+            started = datetime.fromisoformat(pod.started_at.replace("Z", "+00:00")).timestamp() - seconds
+            pod.started_at = datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
     # -- logs ----------------------------------------------------------------------------------------------
     def emit(self, pod_id: str, line: str, source: str = "container") -> LogLine:
         with self.lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
 from typing import Any
 
 from standin_state import PodRecord
@@ -14,6 +16,13 @@ def _runtime_ports(pod: PodRecord) -> list[dict[str, Any]]:
         public = 40000 + int(pod.id[3:7]) * 10 + i if kind == "tcp" else None
         out.append({"private": int(port), "public": public, "type": kind, "ip": "203.0.113.7" if public else None})
     return out
+
+
+def _uptime(pod: PodRecord) -> int:
+    """Whole seconds since the pod's start (the stand-in's startedAt, which tests may move back)."""
+    if not pod.started_at:
+        return 0
+    return max(0, int(time.time() - datetime.fromisoformat(pod.started_at.replace("Z", "+00:00")).timestamp()))
 
 
 def pod_view(pod: PodRecord) -> dict[str, Any]:
@@ -55,7 +64,7 @@ def pod_view(pod: PodRecord) -> dict[str, Any]:
         "cost": pod.cost,
         "locked": False,
         "globalNetworking": {"enabled": False},
-        "runtime": {"uptime": 1, "ports": ports} if running else None,
+        "runtime": {"uptime": _uptime(pod), "ports": ports} if running else None,
         "createdAt": pod.created_at,
         "startedAt": pod.started_at,
     }
@@ -114,7 +123,7 @@ def gql_pod_view(pod: PodRecord) -> dict[str, Any]:
         "podType": "INTERRUPTABLE" if pod.interruptible else "RESERVED",
         "port": 22,
         "ports": ",".join(pod.ports),
-        "uptimeSeconds": 1 if running else 0,
+        "uptimeSeconds": _uptime(pod) if running else 0,
         "vcpuCount": 8,
         "volumeInGb": persistent.get("size", 0),
         "volumeMountPath": persistent.get("path") or network.get("path") or "/workspace",

@@ -5,8 +5,8 @@
 1. the restart guard (a restarted container does not re-run a finished job nor crash-loop);
 2. the preflight: select, lease the GPUs, clean up leftover holders, gate;
 3. a free MASTER_PORT and the prepare-once step;
-4. launch in the chosen mode and supervise to the end; record the outcome;
-5. `--on-exit`.
+4. launch in the chosen mode and supervise to the end, under the billing guards; record the outcome;
+5. `--on-exit` (or, when a billing guard ended the job, stop this pod / exit 124: guards/).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from podguard.preflight.pipeline import run_preflight
 from podguard.redact import redact_command
 
 if TYPE_CHECKING:
+    from podguard.guards import GuardWatch
+    from podguard.launch.supervisor import Watch
     from podguard.pods.selfheal import SelfHealConfig
 
 __all__ = ["configure_counted", "run_job_flow"]
@@ -49,6 +51,10 @@ def configure_counted(
             from podguard.pods.selfheal import check_stop_pod
 
             check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key, or exit 64 before anything runs
+        if _guarded(cfg):
+            from podguard.guards import GuardSettings, check_guards
+
+            check_guards(GuardSettings.from_options(cfg.options))  # --max-cost outside a pod: 64
         return cfg
     except UsageError as exc:
         _count_refused_start(argv or [str(launch.job_file)], launch.mode, opts, exc)
@@ -80,19 +86,48 @@ def _count_refused_start(argv: list[str], mode: str, opts: PreflightOptions, exc
     )
 
 
+def _guarded(cfg: JobConfig) -> bool:
+    o = cfg.options
+    return any(v is not None for v in (o.idle_stop, o.max_runtime, o.max_cost))
+
+
 def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
     """Run the whole flow and return the process exit code (see the module docstring)."""
-    from podguard.launch import lifecycle
     from podguard.state import state_dir
 
     base = state_dir(opts.state_dir)
     heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
+    guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+    try:
+        return _flow(cfg, opts, base, heal, guards)
+    finally:
+        if guards is not None:
+            guards.close()
+
+
+def _open_guards(cfg: JobConfig) -> GuardWatch | None:
+    if not _guarded(cfg):
+        return None
+    from podguard.guards import GuardSettings, open_guards
+
+    return open_guards(GuardSettings.from_options(cfg.options), lambda text: _say(f"podguard: {text}"))
+
+
+def _flow(
+    cfg: JobConfig, opts: PreflightOptions, base: Path, heal: SelfHealConfig | None, guards: GuardWatch | None
+) -> int:
+    from podguard.launch import lifecycle
+
     key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
     decision = lifecycle.plan_launch(key, rerun=cfg.options.rerun, state=base)
     if decision.delay_s > 0:
         got = lifecycle.backoff_wait(decision, out=sys.stderr)
         if got is not None:
             return signal_exit_code(got)
+    if guards is not None and (trip := guards.check(time.monotonic())) is not None:  # the budget is spent already
+        from podguard.guards.end import end_after_trip
+
+        return end_after_trip(trip)
     # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
     # the clock starts after the pause, or long pauses would make quick crashes look slow
     record = partial(
@@ -102,7 +137,7 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
         if not decision.delay_s:
             _say(f"podguard: {decision.reason}")
         skipped = record(exit_code=ExitCode.OK, kind=lifecycle.RunKind.SKIP)
-        return _after(cfg, ExitCode.OK, skipped or decision.record)
+        return _after(cfg, ExitCode.OK, skipped or decision.record, guards)
 
     opts = replace(
         opts,
@@ -116,22 +151,26 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
                 exit_code=pre.exit_code, kind=lifecycle.RunKind.START, detail=pre.message, root_cause="preflight"
             )
             healed = _self_heal(heal, pre.exit_code, base, pre.report_path)  # may restart/replace/park this pod
-            return healed if healed != pre.exit_code else _after(cfg, pre.exit_code, failed)
+            return healed if healed != pre.exit_code else _after(cfg, pre.exit_code, failed, guards)
         _self_heal(heal, ExitCode.OK, base, pre.report_path)  # a pass resets the failure count
         assert pre.selection is not None
         try:
-            code, outcome_record = _launch(cfg, opts, pre.selection, base, key)
+            code, outcome_record = _launch(cfg, opts, pre.selection, base, key, guards)
         finally:
             if pre.lease is not None:
                 pre.lease.release()
     except PodguardError as exc:  # a bad command, a failed prepare step, a port conflict: it counts too
         record(exit_code=exc.code, kind=lifecycle.RunKind.START, detail=exc.message, root_cause=type(exc).__name__)
         raise
-    return _after(cfg, code, outcome_record)
+    if guards is not None and guards.tripped is not None:  # the job is ended: stop this pod, or 124
+        from podguard.guards.end import end_after_trip
+
+        return end_after_trip(guards.tripped)
+    return _after(cfg, code, outcome_record, guards)
 
 
 def _launch(
-    cfg: JobConfig, opts: PreflightOptions, selection: Selection, base: Path, key: str
+    cfg: JobConfig, opts: PreflightOptions, selection: Selection, base: Path, key: str, guards: GuardWatch | None
 ) -> tuple[int, Path | None]:
     """Steps 3 and 4: port, prepare, the mode's workers under supervision, the outcome record."""
     from podguard.launch import lifecycle
@@ -161,7 +200,12 @@ def _launch(
                 env["MASTER_ADDR"] = cfg.options.master_addr or "127.0.0.1"
         if cfg.prepare_argv is not None:
             env.update(_prepare(cfg, base, env))
-        outcome = _run_mode(mode, cfg, selection, env, port, run_dir)
+        watch = None
+        if guards is not None:
+            guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
+            _say(f"podguard: {guards.describe()}")
+            watch = guards.supervised()
+        outcome = _run_mode(mode, cfg, selection, env, port, run_dir, watch)
         record = lifecycle.record_outcome(
             outcome, key=key, argv=cfg.job_argv, mode=mode, started_at=started, state=base
         )
@@ -209,7 +253,13 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 
 
 def _run_mode(
-    mode: LaunchMode, cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path
+    mode: LaunchMode,
+    cfg: JobConfig,
+    selection: Selection,
+    env: dict[str, str],
+    port: int | None,
+    run_dir: Path,
+    watch: Watch | None = None,
 ) -> JobOutcome:
     from podguard.launch import modes
     from podguard.launch.run import run_job
@@ -225,9 +275,11 @@ def _run_mode(
         plan = roles.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
         if only_gpu is not None:
             only = modes.only_for_gpu(plan.specs(), only_gpu)
-        return roles.run_roles(plan, selection, master_port=port, log_dir=logs, grace_s=cfg.grace_s, only=only)
+        return roles.run_roles(
+            plan, selection, master_port=port, log_dir=logs, grace_s=cfg.grace_s, only=only, watch=watch
+        )
     if mode is LaunchMode.TORCHRUN:
-        return _run_torchrun(cfg, selection, env, port, run_dir)
+        return _run_torchrun(cfg, selection, env, port, run_dir, watch)
     if mode is LaunchMode.SINGLE:
         specs = [modes.single_spec(cfg.argv, selection, log_dir=logs, env=env)]
     else:
@@ -244,11 +296,11 @@ def _run_mode(
         )
         if only_gpu is not None:
             only = modes.only_for_gpu(specs, only_gpu)
-    return run_job(specs, grace_s=cfg.grace_s, only=only)
+    return run_job(specs, grace_s=cfg.grace_s, only=only, watch=watch)
 
 
 def _run_torchrun(
-    cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path
+    cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path, watch: Watch | None
 ) -> JobOutcome:
     from podguard.launch.run import run_job
     from podguard.launch.summary import format_summary
@@ -273,7 +325,7 @@ def _run_torchrun(
         shutdown_timeout_s=max(cfg.grace_s - 1.0, 1.0),
         rdzv_backend=opts.rdzv_backend,
     )
-    outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False), errors)
+    outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False, watch=watch), errors)
     _say(format_summary(outcome))
     return outcome
 
@@ -300,8 +352,14 @@ def _prepare(cfg: JobConfig, base: Path, env: dict[str, str]) -> dict[str, str]:
     return {"PODGUARD_PREPARE_DIR": str(result.path)}
 
 
-def _after(cfg: JobConfig, code: int, record: Path | None) -> int:
+def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
     if cfg.options.on_exit is OnExit.IDLE:
+        if guards is not None and guards.settings.after_job:  # --idle-stop / --max-cost keep watching
+            from podguard.guards.end import idle_guarded
+
+            if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
+                guards.watch_gpus(None)
+            return idle_guarded(code, record, guards, out=sys.stderr)
         from podguard.launch.lifecycle import idle
 
         return idle(code, record, out=sys.stderr)

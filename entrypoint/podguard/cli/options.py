@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from podguard.cli.params import Group, Param, choice, count, parse_int, seconds, whole, words
+from podguard.durations import DURATION_HELP, parse_duration, parse_usd
 from podguard.errors import UsageError
 from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
 from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
@@ -18,6 +19,7 @@ __all__ = ["LAUNCH", "PREFLIGHT"]
 
 PREFLIGHT_PANEL = "Preflight"
 LAUNCH_PANEL = "Launch"
+GUARDS_PANEL = "Billing guards"
 
 PREFLIGHT = Group(
     PreflightOptions,
@@ -258,6 +260,30 @@ LAUNCH = Group(
             parse=lambda raw: _rdzv_backend(raw),
             metavar="auto|static|c10d",
             panel=LAUNCH_PANEL,
+        ),
+        # billing guards (guards/, docs/guards.md)
+        "idle_stop": Param(
+            ("--idle-stop",),
+            "End the job and stop the pod once the selected GPUs all sat idle (<= 5 % utilisation) this long, "
+            f"during the job or after it with --on-exit idle ({DURATION_HELP}).",
+            parse=lambda raw: parse_duration(raw, "--idle-stop"),
+            metavar="DURATION",
+            panel=GUARDS_PANEL,
+        ),
+        "max_runtime": Param(
+            ("--max-runtime",),
+            f"End the job and stop the pod once the job has run this long ({DURATION_HELP}).",
+            parse=lambda raw: parse_duration(raw, "--max-runtime"),
+            metavar="DURATION",
+            panel=GUARDS_PANEL,
+        ),
+        "max_cost": Param(
+            ("--max-cost",),
+            "End the job and stop the pod once its spend since its start (cost/hr from the RunPod API x uptime) "
+            "reaches this many US dollars; needs RUNPOD_POD_ID and an API key. 0 or off disables.",
+            parse=lambda raw: parse_usd(raw, "--max-cost"),
+            metavar="USD",
+            panel=GUARDS_PANEL,
         ),
     },
 )

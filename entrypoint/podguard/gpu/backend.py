@@ -217,6 +217,11 @@ class GpuBackend(Protocol):
         GPU when `mig` names it); None when NVML cannot tell (unknown, never "free")."""
         ...
 
+    def utilization(self, index: int) -> int | None:
+        """Cheap poll of the GPU's utilisation in percent (NVML's last sample period; no CUDA context), used by
+        the idle guard; None when NVML cannot tell (MIG mode, not supported, a lost GPU): unknown, never idle."""
+        ...
+
     def processes(self, index: int, mig: str | None = None) -> tuple[GpuProcess, ...]:
         """Compute and graphics processes with a context on this GPU (or on its MIG device `mig`), a cheap
         poll. Raises `GpuQueryError` when the list cannot be read: an unreadable list is not an empty one."""

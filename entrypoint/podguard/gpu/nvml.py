@@ -336,6 +336,16 @@ class NvmlBackend:
             return None
         return self._memory(h, Reader(self._nv))[1]
 
+    def utilization(self, index: int) -> int | None:
+        """One NVML call (handle cached): the GPU's utilisation in percent, or None when it cannot be read."""
+        h = self._poll_handle(index, None)
+        if h is None:
+            return None
+        try:
+            return int(self._nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        except self._nv.NVMLError:  # not supported (MIG mode), lost, no permission: unknown
+            return None
+
     def processes(self, index: int, mig: str | None = None) -> tuple[GpuProcess, ...]:
         """Compute then graphics processes: one call each when the lists are empty. GpuQueryError when NVML
         cannot answer (no permission, not supported, GPU lost): unknown is not empty."""

@@ -55,6 +55,10 @@ class LaunchOptions:
     master_port: int | None = None
     max_restarts: int = 0
     rdzv_backend: str = "auto"  # torchrun: auto (static when NODE_RANK is known), static, c10d
+    # billing guards (guards/): seconds / US dollars, None = off
+    idle_stop: float | None = None
+    max_runtime: float | None = None
+    max_cost: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from podguard.errors import UsageError
 from podguard.launch.printer import LineCallback
 from podguard.launch.process import child_env, resolve_program
 from podguard.launch.spec import JobOutcome, WorkerSpec
-from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor
+from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor, Watch
 
 __all__ = ["StartAll", "check_only", "check_specs", "run_job"]
 
@@ -64,11 +64,13 @@ def run_job(
     tail_lines: int = 20,
     summary: bool = True,
     fail_fast: bool = True,
+    watch: Watch | None = None,
 ) -> JobOutcome:
     """Start every spec at once and supervise the job to its end (fail fast, signals, reaping).
 
     `out`: where prefixed lines go (default stdout); `only`: worker names shown there (all still go to
-    their log files); `on_line(name, line)`: called for every line (costs a Python call per line).
+    their log files); `on_line(name, line)`: called for every line (costs a Python call per line);
+    `watch`: watches the job from the loop (the billing guards).
     Raises `UsageError` (exit 64) before starting anything when a spec cannot run.
     """
     if not specs:
@@ -77,6 +79,6 @@ def run_job(
     check_only(specs, only)
     sup = Supervisor(
         grace_s=grace_s, out=out, only=only, on_line=on_line, tail_lines=tail_lines, summary=summary,
-        fail_fast=fail_fast,
+        fail_fast=fail_fast, watch=watch,
     )  # fmt: skip
     return sup.run(StartAll(specs))

@@ -20,7 +20,7 @@ import select
 import signal
 import time
 from collections.abc import Callable, Collection
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Protocol, TextIO
 
 from podguard.errors import DEFAULT_GRACE_S, ExitCode, UsageError, signal_exit_code
 from podguard.launch.loop import EventLoop, Timer
@@ -34,7 +34,7 @@ from podguard.launch.summary import describe_exit, format_summary, job_detail
 from podguard.launch.watchdog import Watchdog
 from podguard.procfs import children_of
 
-__all__ = ["DEFAULT_GRACE_S", "Controller", "Supervisor", "Timer", "format_summary"]
+__all__ = ["DEFAULT_GRACE_S", "Controller", "Supervisor", "Timer", "Watch", "format_summary"]
 
 LEFTOVER_WAIT_S = 2.0  # after SIGKILL, how long to wait for the kernel to reap stragglers (D state)
 DRAIN_WAIT_S = 0.5  # after everything exited, how long a pipe may stay open (held by an outsider)
@@ -60,6 +60,15 @@ class Controller:
         """The job ended: stop helper threads."""
 
 
+class Watch(Protocol):
+    """Something that watches the job from the loop (the billing guards): timers set in `start`, `sup.fail()`
+    to end the job."""
+
+    def start(self, sup: Supervisor) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Supervisor:
     """Runs one job. Use `run_job()` for the common case; see the module docstring for the rules.
 
@@ -79,6 +88,7 @@ class Supervisor:
         subreaper: bool = True,
         summary: bool = True,
         fail_fast: bool = True,
+        watch: Watch | None = None,
     ) -> None:
         if not grace_s >= 0:
             raise UsageError(f"grace period {grace_s!r} s is not valid; expected a number of seconds >= 0")
@@ -105,6 +115,7 @@ class Supervisor:
         self.started_wall = time.time()
         self._sigs: SignalRouter | None = None
         self._controller = Controller()
+        self._watch = watch
 
     # -- API used by controllers (roles) ----------------------------------------------------------
     def start(self, spec: WorkerSpec) -> Worker:
@@ -170,6 +181,8 @@ class Supervisor:
         self._loop.add_reader(self._sigs.rfd, "signals", pausable=False)
         try:
             self._controller.on_start(self)
+            if self._watch is not None:
+                self._watch.start(self)
             self._reap()  # something may have exited before the handler existed
             self._run_loop()
             return self._finish()
@@ -178,6 +191,8 @@ class Supervisor:
             self._reap_after_kill()
             raise
         finally:
+            if self._watch is not None:
+                self._watch.close()
             self._controller.close()
             self._watchdog.close()
             self._sigs.restore()

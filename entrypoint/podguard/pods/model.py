@@ -134,6 +134,11 @@ def public_view(pod: Pod) -> dict[str, Any]:
     view["actions"] = [str(a) for a in pod.actions]
     view["status"] = str(pod.status)
     view["started_at"] = pod.started_at
+    from podguard.pods.spend import uptime_s  # (spend.py imports this module)
+
+    up = uptime_s(pod)
+    view["uptime_s"] = None if up is None else round(up, 1)
+    view["spent_usd"] = None if up is None or pod.cost_per_hr is None else round(pod.cost_per_hr * up / 3600, 4)
     return view
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from podguard.durations import format_duration
 from podguard.pods.model import Pod
+from podguard.pods.spend import spent_usd, uptime_s
 
 __all__ = ["pod_details", "pod_table"]
 
@@ -25,6 +27,16 @@ def _cost(pod: Pod) -> str:
     return "-" if pod.cost_per_hr is None else f"${pod.cost_per_hr:.2f}/hr"
 
 
+def _uptime(pod: Pod) -> str:
+    up = uptime_s(pod)
+    return "-" if up is None else format_duration(up)
+
+
+def _spent(pod: Pod) -> str:
+    spent = spent_usd(pod)
+    return "-" if spent is None else f"${spent:.2f}"
+
+
 def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
@@ -32,8 +44,10 @@ def _printable(text: str) -> str:
 def pod_table(pods: Sequence[Pod]) -> str:
     if not pods:
         return "no pods"
-    rows = [("ID", "NAME", "STATUS", "GPU", "COST", "SSH")]
-    rows += [(p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), p.ssh or "-") for p in pods]
+    rows = [("ID", "NAME", "STATUS", "GPU", "COST", "UPTIME", "SPENT", "SSH")]
+    rows += [
+        (p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), _uptime(p), _spent(p), p.ssh or "-") for p in pods
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
 
@@ -48,6 +62,8 @@ def pod_details(pod: Pod) -> str:
         f"status:   {pod.status}",
         f"gpu:      {_gpu(pod)}",
         f"cost:     {_cost(pod)}",
+        f"uptime:   {_uptime(pod)}",
+        f"spent:    {_spent(pod)}" + (" (since its start, an estimate)" if spent_usd(pod) is not None else ""),
         f"ssh:      {pod.ssh or '-'}",
         f"ports:    {ports or ', '.join(pod.port_specs) or '-'}",
     ]

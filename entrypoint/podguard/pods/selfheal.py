@@ -29,7 +29,15 @@ from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_cod
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
 
-__all__ = ["ParkMode", "SelfHealConfig", "SelfHealMode", "after_preflight", "check_stop_pod", "stop_own_pod"]
+__all__ = [
+    "ParkMode",
+    "SelfHealConfig",
+    "SelfHealMode",
+    "after_preflight",
+    "check_stop_pod",
+    "stop_and_wait",
+    "stop_own_pod",
+]
 
 ENV_MODE = "PODGUARD_SELF_HEAL"
 ENV_AFTER = "PODGUARD_SELF_HEAL_AFTER"
@@ -211,22 +219,33 @@ def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
             flush=True,
         )
         return code
+    pod_id = os.environ.get(ENV_POD_ID, "").strip()
+    stop_and_wait(pod_id, "job succeeded", "--on-exit stop-pod", out=out)  # the stop ends this container
+    return code
+
+
+def stop_and_wait(pod_id: str, why: str, by: str, *, out: TextIO) -> tuple[bool, int | None]:
+    """Ask the API to stop this pod (already stopped is success), then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S,
+    default 120 s) for the signal with which RunPod ends this container: (requested, the signal or None).
+
+    The signals are held from before the request, so a SIGTERM that follows the request at once is not lost
+    (nor does it kill podguard mid-line); a failed request is one warning."""
+    from podguard.pause import next_signal, signals_held
     from podguard.pods.actions import act_on
     from podguard.pods.api import open_api
     from podguard.pods.model import PodAction
-
-    pod_id = os.environ.get(ENV_POD_ID, "").strip()
-    try:
-        api = open_api("rest")
-        act_on(api, api.get_pod(pod_id), PodAction.STOP)  # already stopped is success
-    except PodguardError as exc:
-        print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
-        return code
-    print(f"podguard: job succeeded: stopping pod {pod_id} (--on-exit stop-pod)", file=out, flush=True)
     from podguard.pods.tuning import Tuning
 
-    _wait_signal(Tuning.from_env().restart_wait_s)  # the stop ends this container; do not restart meanwhile
-    return code
+    wait_s = Tuning.from_env().restart_wait_s
+    with signals_held() as watched:
+        try:
+            api = open_api("rest")
+            act_on(api, api.get_pod(pod_id), PodAction.STOP)
+        except PodguardError as exc:
+            print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
+            return False, None
+        print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
+        return True, next_signal(watched, wait_s)
 
 
 # --------------------------------------------------------------------------------------------------

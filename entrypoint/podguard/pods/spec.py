@@ -37,6 +37,7 @@ _TOP = {
     "volume",
     "network_volume",
     "env",
+    "limits",
     "ready",
 }
 _TABLES = {
@@ -45,6 +46,7 @@ _TABLES = {
     "volume": {"size_gb", "path"},
     "network_volume": {"id", "path"},
     "ready": {"timeout_s"},
+    "limits": {"idle_stop", "max_runtime", "max_cost_usd"},
 }
 _PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -218,7 +220,7 @@ def parse_spec(data: Mapping[str, Any], *, where: str = "spec") -> PodSpec:
         interruptible=interruptible,
         bid_per_gpu=bid,
         template=c.string(data, "template", "template", default=""),
-        env=_env(c, data),
+        env=_limits(c, data, _env(c, data)),
         ready_timeout_s=_ready(c, data),
     )
     return _compute(c, data, spec)
@@ -247,6 +249,13 @@ def _env(c: _Checker, data: Mapping[str, Any]) -> dict[str, str]:
             raise c.fail(f"[env] {key}", "must be a string, number or boolean")
         out[key] = value
     return out
+
+
+def _limits(c: _Checker, data: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """[limits]: the billing guards, passed to the pod as PODGUARD_* variables (pods/limits.py)."""
+    from podguard.pods.limits import limits_env
+
+    return {**env, **limits_env(c.table(data, "limits") or {}, env, where=c.where)}
 
 
 def _ready(c: _Checker, data: Mapping[str, Any]) -> float:

@@ -26,7 +26,7 @@ from podguard.launch.process import Worker
 from podguard.launch.roles.config import ReadyKind, RolesPlan, load_roles
 from podguard.launch.run import check_only, check_specs
 from podguard.launch.spec import JobOutcome
-from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor
+from podguard.launch.supervisor import DEFAULT_GRACE_S, Controller, Supervisor, Watch
 
 if TYPE_CHECKING:
     from podguard.gpu.selected import Selection
@@ -220,6 +220,7 @@ def run_roles(
     only: Collection[str] | None = None,
     tail_lines: int = 20,
     summary: bool = True,
+    watch: Watch | None = None,
 ) -> JobOutcome:
     """Run a roles job file (or an already loaded plan) to its end; see the module docstring."""
     plan = (
@@ -229,5 +230,5 @@ def run_roles(
     )
     check_specs(plan.specs())
     check_only(plan.specs(), only)
-    sup = Supervisor(grace_s=grace_s, out=out, only=only, tail_lines=tail_lines, summary=summary)
+    sup = Supervisor(grace_s=grace_s, out=out, only=only, tail_lines=tail_lines, summary=summary, watch=watch)
     return sup.run(RolesController(plan))

@@ -1,0 +1,77 @@
+"""The guard settings as the options gave them, and the checks that run before anything starts.
+
+settings = GuardSettings.from_options(launch_options)   # PODGUARD_GUARD_INTERVAL read here
+check_guards(settings)                                  # --max-cost outside a pod / without a key: 64
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from podguard.errors import PodguardError, UsageError
+
+__all__ = ["DEFAULT_INTERVAL_S", "ENV_INTERVAL", "IDLE_UTILIZATION_PCT", "GuardSettings", "check_guards"]
+
+IDLE_UTILIZATION_PCT = 5  # a GPU at or below this utilisation counts as idle
+DEFAULT_INTERVAL_S = 10.0  # how often the idle guard samples the GPUs (one NVML call per GPU)
+ENV_INTERVAL = "PODGUARD_GUARD_INTERVAL"  # tests shorten it; not a user-facing option
+ENV_POD_ID = "RUNPOD_POD_ID"
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """Seconds and US dollars; None = that guard is off."""
+
+    idle_stop_s: float | None = None
+    max_runtime_s: float | None = None
+    max_cost_usd: float | None = None
+    interval_s: float = DEFAULT_INTERVAL_S
+
+    @classmethod
+    def from_options(cls, opts: object, env: Mapping[str, str] | None = None) -> GuardSettings:
+        """From `LaunchOptions` (idle_stop, max_runtime, max_cost) and PODGUARD_GUARD_INTERVAL."""
+        env = os.environ if env is None else env
+        raw = env.get(ENV_INTERVAL, "").strip()
+        interval = DEFAULT_INTERVAL_S
+        if raw:
+            try:
+                interval = float(raw)
+            except ValueError:
+                interval = -1.0
+            if not (0 < interval < float("inf")):
+                raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds > 0, e.g. 10")
+        return cls(
+            getattr(opts, "idle_stop", None),
+            getattr(opts, "max_runtime", None),
+            getattr(opts, "max_cost", None),
+            interval,
+        )
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.idle_stop_s, self.max_runtime_s, self.max_cost_usd))
+
+    @property
+    def after_job(self) -> bool:
+        """Guards that keep watching after the job (`--on-exit idle`): idle and cost, not the job's runtime."""
+        return self.idle_stop_s is not None or self.max_cost_usd is not None
+
+
+def check_guards(settings: GuardSettings, env: Mapping[str, str] | None = None) -> None:
+    """--max-cost needs this pod's id and an API key (its cost/hr comes from the API): UsageError if not."""
+    if settings.max_cost_usd is None:
+        return
+    env = os.environ if env is None else env
+    if not env.get(ENV_POD_ID, "").strip():
+        raise UsageError(
+            f"--max-cost needs {ENV_POD_ID} (RunPod sets it inside a pod) and an API key; outside a pod use "
+            "--max-runtime"
+        )
+    from podguard.pods.auth import load_api_key
+
+    try:
+        load_api_key(env)
+    except PodguardError as exc:
+        raise UsageError(f"--max-cost needs the RunPod API key: {exc.message}") from None

@@ -1,0 +1,247 @@
+"""The guards' state: when each fires, checked on the supervisor's loop during the job and in the idle wait after it.
+
+    guards = open_guards(settings, say)          # None when no guard is set; reads the pod's budget once
+    guards.watch_gpus(selection.indices)         # what the idle guard samples ([] = CPU only: one warning)
+    run_job(specs, watch=guards.supervised())    # timers on the supervisor's loop; a trip ends the job (124)
+    guards.tripped                               # the Trip that fired, or None
+
+`--max-runtime` and `--max-cost` are deadlines (a timer each, no polling: the cost per hour is known once);
+only `--idle-stop` samples, every PODGUARD_GUARD_INTERVAL seconds (default 10), one NVML call per GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from podguard.durations import format_duration
+from podguard.errors import ExitCode
+from podguard.guards.budget import PodBudget
+from podguard.guards.sampler import IdleTracker, UtilizationSampler
+from podguard.guards.settings import ENV_POD_ID, IDLE_UTILIZATION_PCT, GuardSettings
+
+if TYPE_CHECKING:
+    from podguard.gpu.backend import GpuBackend
+    from podguard.launch.loop import Timer
+    from podguard.launch.supervisor import Supervisor
+
+__all__ = ["GuardWatch", "Phase", "SupervisedGuards", "Trip", "open_guards"]
+
+COST_SLACK_USD = 1e-9  # float rounding at the computed deadline
+
+
+@dataclass(frozen=True)
+class Trip:
+    """A guard that fired: which one and the numbers behind it."""
+
+    guard: str  # the option: --idle-stop, --max-runtime, --max-cost
+    detail: str
+
+    @property
+    def message(self) -> str:
+        return f"billing guard {self.guard}: {self.detail}"
+
+
+class Phase(StrEnum):
+    JOB = "job"  # the job runs: all three guards
+    AFTER = "after"  # --on-exit idle after the job: idle and cost (the job's runtime is over)
+
+
+class GuardWatch:
+    def __init__(self, settings: GuardSettings, budget: PodBudget | None, say: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.budget = budget
+        self.say = say
+        self.phase: Phase | None = None
+        self.job_started: float | None = None
+        self.tripped: Trip | None = None
+        self.samples = 0  # NVML rounds taken (the benchmark reads it)
+        self.gpus_chosen = False  # watch_gpus() was called
+        self._backend: GpuBackend | None = None
+        self._sampler: UtilizationSampler | None = None
+        self._tracker = IdleTracker()
+        self._warned: set[str] = set()
+
+    # -- what the idle guard watches ---------------------------------------------------------------------
+    def watch_gpus(self, indices: Sequence[int] | None) -> None:
+        """The GPUs whose idleness counts: the job's selection, or None for every GPU of the node (after a job
+        that did not run here, e.g. skipped after a container restart). [] is a CPU-only run."""
+        self.gpus_chosen = True
+        if self.settings.idle_stop_s is None:
+            return
+        backend = self._open_backend() if indices is None or indices else None
+        if backend is not None and indices is None:
+            indices = range(backend.device_count())
+        if backend is None or not indices:
+            self._sampler = None
+            self._warn_once("cpu", "warning: --idle-stop is ignored: this run has no GPU to watch (CPU only)")
+            return
+        self._sampler = UtilizationSampler(backend, list(indices))
+
+    def _open_backend(self) -> GpuBackend | None:
+        if self._backend is None:
+            from podguard.gpu.backend import NvmlUnavailable
+            from podguard.gpu.factory import open_backend
+
+            try:
+                self._backend = open_backend()
+            except NvmlUnavailable as exc:
+                self._warn_once("nvml", f"warning: --idle-stop cannot read the GPUs ({exc.message}); it is off")
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        self._sampler = None
+
+    # -- the checks ---------------------------------------------------------------------------------------
+    def begin(self, phase: Phase, now: float) -> None:
+        self.phase = phase
+        if phase is Phase.JOB:
+            self.job_started = now
+        self._tracker.reset()
+
+    def check(self, now: float) -> Trip | None:
+        """The first guard due at `now` (remembered in `tripped`), sampling the GPUs when the idle guard is on."""
+        if self.tripped is None:
+            self.tripped = self._runtime(now) or self._cost(now) or self._idle(now)
+        return self.tripped
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds until the next check is worth making; None when nothing is left to watch."""
+        due = [d for d in (self._runtime_deadline(), self._cost_deadline()) if d is not None]
+        delay = max(0.0, min(due) - now) if due else None
+        if self._sampler is not None:
+            delay = min(self.settings.interval_s, delay if delay is not None else float("inf"))
+        return delay
+
+    def _runtime_deadline(self) -> float | None:
+        limit = self.settings.max_runtime_s
+        if limit is None or self.phase is not Phase.JOB or self.job_started is None:
+            return None
+        return self.job_started + limit
+
+    def _cost_deadline(self) -> float | None:
+        if self.budget is None or self.settings.max_cost_usd is None:
+            return None
+        return self.budget.reached_at(self.settings.max_cost_usd)
+
+    def _runtime(self, now: float) -> Trip | None:
+        deadline = self._runtime_deadline()
+        if deadline is None or now < deadline or self.job_started is None:
+            return None
+        limit = self.settings.max_runtime_s or 0.0
+        return Trip(
+            "--max-runtime",
+            f"the job has run {format_duration(now - self.job_started)} (limit {format_duration(limit)})",
+        )
+
+    def _cost(self, now: float) -> Trip | None:
+        limit, budget = self.settings.max_cost_usd, self.budget
+        if limit is None or budget is None or budget.spent(now) + COST_SLACK_USD < limit:
+            return None
+        return Trip(
+            "--max-cost",
+            f"pod {budget.pod_id} has spent about ${budget.spent(now):.2f} in {format_duration(budget.running_s(now))} "
+            f"since its start at ${budget.cost_per_hr:.2f}/hr (limit ${limit:.2f})",
+        )
+
+    def _idle(self, now: float) -> Trip | None:
+        limit, sampler = self.settings.idle_stop_s, self._sampler
+        if limit is None or sampler is None:
+            return None
+        sample = sampler.sample()
+        self.samples += 1
+        unknown = [i for i, u in zip(sampler.indices, sample, strict=True) if u is None]
+        if unknown:
+            gpus = ", ".join(f"GPU{i}" for i in unknown)
+            self._warn_once(
+                "unknown", f"warning: NVML cannot read the utilisation of {gpus}: --idle-stop counts it as busy"
+            )
+        idle_for = self._tracker.update(sample, now)
+        if idle_for < limit:
+            return None
+        gpus = ", ".join(f"GPU{i} {u}%" for i, u in zip(sampler.indices, sample, strict=True))
+        where = "" if self.phase is Phase.JOB else " after the job"
+        return Trip(
+            "--idle-stop",
+            f"every GPU at or below {IDLE_UTILIZATION_PCT} % utilisation for {format_duration(idle_for)}{where} "
+            f"(limit {format_duration(limit)}; now {gpus})",
+        )
+
+    def _warn_once(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.say(text)
+
+    # -- how it is shown and run ----------------------------------------------------------------------------
+    def describe(self) -> str:
+        s = self.settings
+        parts = []
+        if s.idle_stop_s is not None and not (self.gpus_chosen and self._sampler is None):  # (CPU only: ignored)
+            parts.append(f"--idle-stop {format_duration(s.idle_stop_s)}")
+        if s.max_runtime_s is not None:
+            parts.append(f"--max-runtime {format_duration(s.max_runtime_s)}")
+        if s.max_cost_usd is not None:
+            spent = "" if self.budget is None else f" (about ${self.budget.spent(time.monotonic()):.2f} spent so far)"
+            parts.append(f"--max-cost ${s.max_cost_usd:.2f}{spent}")
+        return "billing guards: " + ", ".join(parts)
+
+    def supervised(self) -> SupervisedGuards:
+        return SupervisedGuards(self)
+
+
+class SupervisedGuards:
+    """The guards on a supervisor's loop (its `watch`): a timer per check; a trip is `sup.fail(..., 124)`, which
+    ends the whole job the way a failed worker does (SIGTERM to every group, the grace, SIGKILL)."""
+
+    def __init__(self, watch: GuardWatch) -> None:
+        self.watch = watch
+        self._sup: Supervisor | None = None
+        self._timer: Timer | None = None
+
+    def start(self, sup: Supervisor) -> None:
+        self._sup = sup
+        now = time.monotonic()
+        self.watch.begin(Phase.JOB, now)
+        self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        delay = self.watch.next_delay(now)
+        if delay is not None and self._sup is not None:
+            self._timer = self._sup.call_later(delay, self._tick)
+
+    def _tick(self) -> None:
+        sup = self._sup
+        if sup is None or sup.stopping:  # the job is ending anyway: a guard must not take the blame
+            return
+        now = time.monotonic()
+        trip = self.watch.check(now)
+        if trip is not None:
+            sup.fail(None, ExitCode.BILLING_GUARD, trip.message)
+            return
+        self._schedule(now)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._sup = None
+
+
+def open_guards(settings: GuardSettings, say: Callable[[str], None]) -> GuardWatch | None:
+    """The guards, or None when none is set. `--max-cost` reads this pod's cost and start from the API here
+    (retried like every API call; a failure is the API's exit code, before anything runs)."""
+    if not settings.active:
+        return None
+    budget = None
+    if settings.max_cost_usd is not None:
+        import os
+
+        from podguard.guards.budget import read_budget
+
+        budget = read_budget(os.environ.get(ENV_POD_ID, "").strip(), say)
+    return GuardWatch(settings, budget, say)
