@@ -32,7 +32,9 @@ from podguard.pods.model import (
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.transport import Stream, Transport, path_of
 
-__all__ = ["RestApi", "pod_from_rest", "rest_create_body"]
+__all__ = ["PAGE_LIMIT", "RestApi", "pod_from_rest", "rest_create_body", "too_large"]
+
+PAGE_LIMIT = 1000  # REST v2's largest page of `GET /v2/pods`
 
 
 class RestApi:
@@ -49,14 +51,37 @@ class RestApi:
         return with_retry(lambda: self.transport.request(method, path, **kw), self.policy, what=what)
 
     def list_pods(self) -> list[Pod]:
-        body = self._call("list pods", "GET", "/v2/pods")
-        return [_parsed(pod_from_rest, p, "list pods") for p in _field(body, "pods", "list pods")]
+        return [_parsed(pod_from_rest, p, "list pods") for p in self.list_pod_objects()]
+
+    def list_pod_objects(self, *, include_cluster_pods: bool = False) -> list[dict[str, Any]]:
+        """Every pod object of the account, following `pagination.nextCursor` to the last page.
+
+        Cluster members are hidden unless `include_cluster_pods`. A page is retried on its own; a cursor
+        that comes back twice ends the walk (a server bug must not loop forever)."""
+        out: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": PAGE_LIMIT}
+        if include_cluster_pods:
+            query["includeClusterPods"] = "true"
+        seen: set[str] = set()
+        while True:
+            page_query = dict(query)
+            body = self._call("list pods", "GET", "/v2/pods", query=page_query)
+            out += [p for p in _field(body, "pods", "list pods") if isinstance(p, dict)]
+            cursor = _next_cursor(body)
+            if cursor is None or cursor in seen:
+                return out
+            seen.add(cursor)
+            query["cursor"] = cursor
 
     def get_pod(self, pod_id: str) -> Pod:
         return _parsed(pod_from_rest, self._call(f"get pod {pod_id}", "GET", path_of("v2", "pods", pod_id)), "get pod")
 
     def create_pod(self, request: PodRequest) -> Pod:
-        body = self.transport.request("POST", "/v2/pods", body=rest_create_body(request))
+        payload = rest_create_body(request)
+        try:
+            body = self.transport.request("POST", "/v2/pods", body=payload)
+        except ApiError as exc:
+            raise too_large(exc, payload, "pod") from None
         return _parsed(pod_from_rest, body, "create pod")
 
     def act(self, pod_id: str, action: PodAction) -> Pod | None:
@@ -132,6 +157,31 @@ class RestLogStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _next_cursor(body: Any) -> str | None:
+    """The cursor of the next page, or None on the last one (`pagination {nextCursor, hasNextPage}`)."""
+    pagination = body.get("pagination") if isinstance(body, dict) else None
+    if not isinstance(pagination, dict) or not pagination.get("hasNextPage"):
+        return None
+    cursor = pagination.get("nextCursor")
+    return str(cursor) if cursor else None
+
+
+def too_large(error: ApiError, payload: dict[str, Any], what: str) -> ApiError:
+    """A 413 (create body over RunPod's 100 KB) as one line that names what made it large; others as they are."""
+    if error.status != 413:
+        return error
+    size = len(json.dumps(payload).encode())
+    env = len(json.dumps(payload.get("env") or {}).encode())
+    args = len(str(payload.get("args") or "").encode())
+    return ApiError(
+        ApiErrorKind.INVALID,
+        f"create {what}: RunPod refused the request body ({size / 1024:.1f} KB, HTTP 413; the limit is 100 KB): "
+        f"env {env / 1024:.1f} KB in {len(payload.get('env') or {})} variables, args {args / 1024:.1f} KB; "
+        "move large values to a network volume or a RunPod secret",
+        status=413,
+    )
 
 
 def _field(body: Any, name: str, what: str) -> Any:
