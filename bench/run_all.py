@@ -13,6 +13,7 @@ BENCHES = [
     "bench_launch_overhead.py",
     "bench_logmux.py",
     "bench_pods.py",
+    "bench_clusters.py",
     "bench_image.py",
 ]
 

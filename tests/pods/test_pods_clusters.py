@@ -144,6 +144,8 @@ def test_status_list_and_logs_of_a_cluster(standin, tmp_path):  # noqa: F811
     status = json.loads(pg(["pod", "status", "ring", "--json"]).stdout)
     assert status["id"] == cluster.id and status["nodes"] == 2 and [m["rank"] for m in status["members"]] == [0, 1]
     assert "node1:" in pg(["pod", "status", cluster.id]).stdout
+    waited = pg(["pod", "wait", "ring", "--json"])
+    assert waited.returncode == 0 and json.loads(waited.stdout)["ready"] is True, waited.stderr
     listed = json.loads(pg(["pod", "list", "--json"]).stdout)
     assert sorted(item["name"] for item in listed) == ["ring", "trainer"]  # members are not separate items
     assert next(item for item in listed if item["name"] == "ring")["nodes"] == 2
@@ -191,6 +193,9 @@ def test_heal_restarts_the_sick_node_where_the_api_allows_member_actions(standin
     steps = json.loads(proc.stdout)["heal"]["steps"]
     assert [(s["step"], s["result"]) for s in steps] == [("restart", "pass")]
     assert node1.starts == 2 and list(world.clusters) == [cluster.id] and len(creates(standin)) == 1
+    again = pg(["pod", "heal", "ring", "--json"])  # a healthy cluster: judged, nothing done
+    assert again.returncode == 0 and json.loads(again.stdout)["heal"]["steps"] == [], again.stderr
+    assert len(standin.calls("POST", r"/action$")) == 1
 
 
 def test_heal_where_members_refuse_actions_needs_replace_then_recreates_the_cluster(standin, tmp_path):  # noqa: F811

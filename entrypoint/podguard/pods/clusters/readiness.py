@@ -76,9 +76,11 @@ class _Watch:
     def sleep_until(self, moment: float) -> None:
         time.sleep(max(min(moment, self.deadline) - time.monotonic(), 0.0))
 
-    def outcome(self, code: int, message: str, **kw: object) -> ClusterOutcome:
+    def outcome(self, code: int, message: str, *, members: list[Member] | None = None, **kw: object) -> ClusterOutcome:
+        """The result with a fresh cluster; `members` as last listed (they were RUNNING), else listed now."""
         cluster = self.api.get_cluster(self.cluster_id)
-        return ClusterOutcome(code, cluster, self.api.members(self.cluster_id), message, **kw)  # type: ignore[arg-type]
+        listed = members if members is not None else self.api.members(self.cluster_id)
+        return ClusterOutcome(code, cluster, listed, message, **kw)  # type: ignore[arg-type]
 
 
 def wait_cluster_ready(
@@ -131,13 +133,12 @@ def _verdicts(
                 settled[rank] = verdict
                 watch.progress.say(f"node{rank} ({by_rank[rank].pod.id}): preflight {verdict.word}")
                 if fail_fast and not verdict.passed:
-                    return _failed(watch, cluster, settled)
+                    return _failed(watch, cluster, settled, _ranked(by_rank))
         if len(settled) >= len(by_rank):
             if all(v.passed for v in settled.values()):
-                return watch.outcome(
-                    ExitCode.OK, f"cluster {cluster.name}: preflight PASS on all {len(settled)} nodes", verdicts=settled
-                )
-            return _failed(watch, cluster, settled)
+                message = f"cluster {cluster.name}: preflight PASS on all {len(settled)} nodes"
+                return watch.outcome(ExitCode.OK, message, members=_ranked(by_rank), verdicts=settled)
+            return _failed(watch, cluster, settled, _ranked(by_rank))
         if now >= watch.deadline:
             silent = ", ".join(f"node{r}" for r in sorted(by_rank) if r not in settled)
             return watch.outcome(
@@ -210,12 +211,17 @@ def _stopped(watch: _Watch, what: str, ranks: list[int] | None = None) -> Cluste
     )
 
 
-def _failed(watch: _Watch, cluster: Cluster, settled: dict[int, Verdict]) -> ClusterOutcome:
+def _ranked(by_rank: dict[int, Member]) -> list[Member]:
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+def _failed(watch: _Watch, cluster: Cluster, settled: dict[int, Verdict], members: list[Member]) -> ClusterOutcome:
     failed = sorted(r for r, v in settled.items() if not v.passed)
     named = ", ".join(f"node{r} {settled[r].word}" for r in failed)
     return watch.outcome(
         ExitCode.GPU_UNHEALTHY,
         f"cluster {cluster.name} ({cluster.id}): preflight failed on {named}",
+        members=members,
         verdicts=settled,
         failed=failed,
     )
