@@ -257,6 +257,11 @@ def test_a_cluster_needs_gpu_nodes(standin, tmp_path, body, says):  # noqa: F811
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_clusters_are_rest_only(standin, tmp_path):  # noqa: F811
+    proc = pg(["pod", "up", "--spec", str(cluster_spec(tmp_path, 2)), "--api", "graphql"])
+    assert proc.returncode == 64 and "REST v2 only" in proc.stderr and standin.requests == [], proc.stderr
+
+
 def test_pod_up_finds_an_existing_name_on_a_late_page(standin, tmp_path):  # noqa: F811
     world = standin.world
     world.page_size = 3
@@ -296,3 +301,22 @@ def test_a_spot_spec_says_once_that_spot_is_graphql_only(standin, tmp_path):  # 
 def test_the_shipped_cluster_spec_is_valid():
     spec = load_spec(ROOT / "runpod" / "cluster.toml")
     assert spec.cluster is not None and spec.cluster.nodes >= 2 and spec.gpu is not None
+
+
+def test_no_wait_returns_once_the_cluster_exists(standin, tmp_path):  # noqa: F811
+    proc = up(cluster_spec(tmp_path, 2), "--no-wait")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["action"] == "created" and out["ready"] is None and out["nodes"] == 2
+    assert standin.calls("GET", r"/logs$") == []
+
+
+def test_a_restart_that_does_not_help_is_76_with_the_replace_hint(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    world.member_actions = True
+    world.new_machine_health = ["broken", "ok"]  # node 0's machine never passes, restarted or not
+    assert up(cluster_spec(tmp_path, 2)).returncode == 76
+    proc = pg(["pod", "heal", "ring"])
+    assert proc.returncode == 76, proc.stderr
+    assert "node0 UNHEALTHY" in proc.stderr and "--replace" in proc.stderr
+    assert len(standin.calls("POST", r"/action$")) == 1 and len(world.clusters) == 1

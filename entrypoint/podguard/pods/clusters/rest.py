@@ -18,7 +18,7 @@ from podguard.pods.api import PodApi
 from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
 from podguard.pods.errors import ApiError
 from podguard.pods.model import GpuInfo, Pod
-from podguard.pods.rest_api import RestApi, _field, _mounts, _parsed, pod_from_rest, too_large
+from podguard.pods.rest_api import RestApi, answer_field, mounts_body, parse_answer, pod_from_rest, too_large
 from podguard.pods.retry import RetryPolicy
 from podguard.pods.transport import path_of
 
@@ -45,23 +45,25 @@ class ClusterApi:
         return self.rest
 
     def list_clusters(self) -> list[Cluster]:
-        body = self.rest._call("list clusters", "GET", "/v2/clusters")
-        return [_parsed(cluster_from_rest, c, "list clusters") for c in _field(body, "clusters", "list clusters")]
+        body = self.rest.call("list clusters", "GET", "/v2/clusters")
+        return [
+            parse_answer(cluster_from_rest, c, "list clusters") for c in answer_field(body, "clusters", "list clusters")
+        ]
 
     def get_cluster(self, cluster_id: str) -> Cluster:
-        body = self.rest._call(f"get cluster {cluster_id}", "GET", path_of("v2", "clusters", cluster_id))
-        return _parsed(cluster_from_rest, body, "get cluster")
+        body = self.rest.call(f"get cluster {cluster_id}", "GET", path_of("v2", "clusters", cluster_id))
+        return parse_answer(cluster_from_rest, body, "get cluster")
 
     def members(self, cluster_id: str) -> list[Member]:
         what = f"list the pods of cluster {cluster_id}"
-        body = self.rest._call(what, "GET", path_of("v2", "clusters", cluster_id, "pods"))
-        members = [_parsed(member_from_rest, p, what) for p in _field(body, "pods", what)]
+        body = self.rest.call(what, "GET", path_of("v2", "clusters", cluster_id, "pods"))
+        members = [parse_answer(member_from_rest, p, what) for p in answer_field(body, "pods", what)]
         return sorted(members, key=lambda m: (m.rank is None, m.rank or 0, m.pod.id))
 
     def member_pods(self) -> list[Member]:
         """Every cluster member pod of the account (`GET /v2/pods?includeClusterPods=true`, all pages)."""
         objects = self.rest.list_pod_objects(include_cluster_pods=True)
-        return [_parsed(member_from_rest, p, "list pods") for p in objects if isinstance(p.get("cluster"), dict)]
+        return [parse_answer(member_from_rest, p, "list pods") for p in objects if isinstance(p.get("cluster"), dict)]
 
     def create_cluster(self, request: ClusterRequest) -> Cluster:
         payload = cluster_create_body(request)
@@ -69,10 +71,10 @@ class ClusterApi:
             body = self.rest.transport.request("POST", "/v2/clusters", body=payload)
         except ApiError as exc:
             raise too_large(exc, payload, "cluster") from None
-        return _parsed(cluster_from_rest, body, "create cluster")
+        return parse_answer(cluster_from_rest, body, "create cluster")
 
     def delete_cluster(self, cluster_id: str) -> None:
-        self.rest._call(f"delete cluster {cluster_id}", "DELETE", path_of("v2", "clusters", cluster_id))
+        self.rest.call(f"delete cluster {cluster_id}", "DELETE", path_of("v2", "clusters", cluster_id))
 
 
 def cluster_api(api: PodApi) -> ClusterApi:
@@ -127,7 +129,7 @@ def cluster_create_body(r: ClusterRequest) -> dict[str, Any]:
     }
     if r.data_center:
         body["dataCenterIds"] = [r.data_center]
-    mounts = _mounts(r.volume)
+    mounts = mounts_body(r.volume)
     if mounts:
         body["mounts"] = mounts
     return body

@@ -37,13 +37,15 @@ def listing(api: PodApi) -> tuple[list[Pod], list[tuple[Cluster, list[Member]]]]
     Over REST: every page of `GET /v2/pods?includeClusterPods=true` and one `GET /v2/clusters`, whatever the
     number of clusters."""
     from podguard.pods.clusters.rest import member_from_rest
-    from podguard.pods.rest_api import RestApi, _parsed, pod_from_rest
+    from podguard.pods.rest_api import RestApi, parse_answer, pod_from_rest
 
     clusters_api = cluster_api(api)
     if isinstance(api, RestApi):
         objects = api.list_pod_objects(include_cluster_pods=True)
-        pods = [_parsed(pod_from_rest, o, "list pods") for o in objects if not isinstance(o.get("cluster"), dict)]
-        members = [_parsed(member_from_rest, o, "list pods") for o in objects if isinstance(o.get("cluster"), dict)]
+        pods = [parse_answer(pod_from_rest, o, "list pods") for o in objects if not isinstance(o.get("cluster"), dict)]
+        members = [
+            parse_answer(member_from_rest, o, "list pods") for o in objects if isinstance(o.get("cluster"), dict)
+        ]
     else:
         pods = api.list_pods()
         members = clusters_api.member_pods()
