@@ -55,13 +55,11 @@ class _Watch:
     """The shared state of one wait: deadline, progress lines, the last cluster summary shown."""
 
     def __init__(self, api: ClusterApi, cluster_id: str, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
-        self.api, self.cluster_id, self.timeout_s, self.tuning, self.progress = (
-            api,
-            cluster_id,
-            timeout_s,
-            tuning,
-            progress,
-        )
+        self.api = api
+        self.cluster_id = cluster_id
+        self.timeout_s = timeout_s
+        self.tuning = tuning
+        self.progress = progress
         self.deadline = time.monotonic() + timeout_s
         self._shown = ""
 
@@ -76,11 +74,19 @@ class _Watch:
     def sleep_until(self, moment: float) -> None:
         time.sleep(max(min(moment, self.deadline) - time.monotonic(), 0.0))
 
-    def outcome(self, code: int, message: str, *, members: list[Member] | None = None, **kw: object) -> ClusterOutcome:
+    def outcome(
+        self,
+        code: int,
+        message: str,
+        *,
+        members: list[Member] | None = None,
+        verdicts: dict[int, Verdict] | None = None,
+        failed: list[int] | None = None,
+    ) -> ClusterOutcome:
         """The result with a fresh cluster; `members` as last listed (they were RUNNING), else listed now."""
         cluster = self.api.get_cluster(self.cluster_id)
         listed = members if members is not None else self.api.members(self.cluster_id)
-        return ClusterOutcome(code, cluster, listed, message, **kw)  # type: ignore[arg-type]
+        return ClusterOutcome(code, cluster, listed, message, verdicts or {}, failed or [])
 
 
 def wait_cluster_ready(
