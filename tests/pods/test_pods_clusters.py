@@ -320,3 +320,22 @@ def test_a_restart_that_does_not_help_is_76_with_the_replace_hint(standin, tmp_p
     assert proc.returncode == 76, proc.stderr
     assert "node0 UNHEALTHY" in proc.stderr and "--replace" in proc.stderr
     assert len(standin.calls("POST", r"/action$")) == 1 and len(world.clusters) == 1
+
+
+def test_a_member_pod_id_names_that_node_and_a_refused_action_names_its_cluster(standin, tmp_path):  # noqa: F811
+    assert up(cluster_spec(tmp_path, 2)).returncode == 0
+    (cluster,) = standin.world.clusters.values()
+    node1 = next(p for p in standin.world.members(cluster) if p.rank == 1)
+    status = pg(["pod", "status", node1.id, "--json"])
+    assert status.returncode == 0 and json.loads(status.stdout)["id"] == node1.id, status.stderr
+    logs = pg(["pod", "logs", node1.id, "--tail", "3"])
+    assert logs.returncode == 0 and "podguard train: PASS" in logs.stdout
+    for action in ("stop", "down"):
+        refused = pg(["pod", action, node1.id])
+        assert refused.returncode == 64, refused.stderr
+        assert f"is node1 of cluster {cluster.id}" in refused.stderr and f"pod heal {cluster.id}" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    assert node1.status == "RUNNING" and len(standin.calls("POST", r"/action$")) == 1
+    assert len(standin.calls("DELETE", r"^/v2/pods/")) == 1  # both were asked: the 409 is RunPod's answer
+    standin.world.member_actions = True
+    assert pg(["pod", "restart", node1.id]).returncode == 0 and node1.last_start == "restart"

@@ -90,13 +90,23 @@ def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> 
         ) from None
 
 
-def _client_and_pod(kind: str | None, retry_for: float, ref: str) -> tuple[PodApi, Pod | Cluster]:
-    """An API client and the pod or cluster named `ref` (by id or name); exit 66 when there is none."""
+def _client_and_pod(
+    kind: str | None, retry_for: float, ref: str, *, member_as_cluster: bool = False
+) -> tuple[PodApi, Pod | Cluster]:
+    """An API client and the pod or cluster named `ref` (by id or name); exit 66 when there is none.
+
+    A cluster member's id names that node's pod, or its cluster with `member_as_cluster` (heal)."""
+    from podguard.pods.clusters.model import Member
+    from podguard.pods.clusters.rest import cluster_api
     from podguard.pods.clusters.target import find_target
 
     client = _api(kind, retry_for)
     target = find_target(client, ref)
     assert target is not None  # find_target raises NOT_FOUND (66) unless missing_ok
+    if isinstance(target, Member):
+        if member_as_cluster and target.cluster_id:
+            return client, cluster_api(client).get_cluster(target.cluster_id)
+        return client, target.pod
     return client, target
 
 
@@ -330,14 +340,18 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
         if as_json:
             _emit({"changed": False, "terminated": True})
         return
-    if _is_cluster(target):
-        from podguard.pods.clusters import commands
+    from podguard.pods.clusters import commands
+    from podguard.pods.clusters.model import Member
 
+    if _is_cluster(target):
         if wanted is not PodAction.TERMINATE:
             raise commands.refuse_action(target, wanted)
         commands.down(client, target, as_json=as_json)
         return
-    result = act_on(client, target, wanted)
+    if isinstance(target, Member):
+        result = commands.act_on_member(client, target, wanted)
+    else:
+        result = act_on(client, target, wanted)
     print(f"podguard: {result.message}", file=sys.stderr)
     if as_json:
         _show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
@@ -386,7 +400,7 @@ def heal(
     from podguard.pods.heal import heal as run_heal
     from podguard.pods.heal import heal_record
 
-    client, target = _client_and_pod(api, retry_for, pod)
+    client, target = _client_and_pod(api, retry_for, pod, member_as_cluster=True)
     progress = _progress()
     if _is_cluster(target):
         _heal_cluster(client, target, replace, timeout, as_json, progress)

@@ -24,7 +24,7 @@ from podguard.pods.progress import Progress
 from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning
 
-__all__ = ["down", "heal", "list_all", "logs", "refuse_action", "show", "up", "wait"]
+__all__ = ["act_on_member", "down", "heal", "list_all", "logs", "refuse_action", "show", "up", "wait"]
 
 
 def _emit(data: Any) -> None:
@@ -127,6 +127,25 @@ def logs(
 
 def refuse_action(cluster: Cluster, action: PodAction) -> PodguardError:
     return not_a_cluster_action(cluster.name, str(action))
+
+
+def act_on_member(client: PodApi, member: Member, action: PodAction) -> Any:
+    """An action on one node's pod: RunPod may allow it; a refusal (409) names the cluster's own commands."""
+    from podguard.errors import UsageError
+    from podguard.pods.actions import act_on
+    from podguard.pods.errors import ApiError, ApiErrorKind
+
+    try:
+        return act_on(client, member.pod, action)
+    except (UsageError, ApiError) as exc:
+        if isinstance(exc, ApiError) and exc.kind is not ApiErrorKind.CONFLICT:
+            raise
+        verb = "down" if action is PodAction.TERMINATE else str(action)
+        cid = member.cluster_id or "?"
+        raise UsageError(
+            f"pod {member.pod.id} is {member.label} of cluster {cid}: RunPod refused {verb} of a member node; "
+            f"manage it through its cluster: `podguard pod heal {cid}` or `podguard pod down {cid}`"
+        ) from None
 
 
 def down(client: PodApi, cluster: Cluster, *, as_json: bool) -> None:

@@ -1,9 +1,10 @@
 """What a pod command's POD argument names: a pod, or a cluster (the pod commands take a cluster's name too).
 
-    target = find_target(api, "llm-train")       # a Pod, a Cluster, or ApiError NOT_FOUND (66)
+    target = find_target(api, "llm-train")       # a Pod, a Cluster, a Member, or ApiError NOT_FOUND (66)
 
 Pods are looked up first (every page of `GET /v2/pods`), then clusters (`GET /v2/clusters`), so a command
-on a pod costs no cluster request.
+on a pod costs no cluster request; last, a member pod's id (`includeClusterPods=true`), which the pod
+commands treat as that node's pod (status, logs, wait) or, for actions, as a node of its cluster.
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from podguard.pods.placement import find_pod
 __all__ = ["find_target", "listing"]
 
 
-def find_target(api: PodApi, ref: str, *, missing_ok: bool = False) -> Pod | Cluster | None:
+def find_target(api: PodApi, ref: str, *, missing_ok: bool = False) -> Pod | Cluster | Member | None:
+    """A pod (by id or name), else a cluster (by id or name), else a cluster's member pod (by id)."""
     pod = find_pod(api, ref, missing_ok=True)
     if pod is not None:
         return pod
-    cluster = find_cluster(cluster_api(api), ref)
-    if cluster is not None or missing_ok:
+    clusters = cluster_api(api)
+    cluster = find_cluster(clusters, ref)
+    if cluster is not None:
         return cluster
+    member = next((m for m in clusters.member_pods() if m.pod.id == ref), None)
+    if member is not None or missing_ok:
+        return member
     raise ApiError(
         ApiErrorKind.NOT_FOUND, f"no pod named {ref!r} or with that id, and no such cluster (see `podguard pod list`)"
     )
