@@ -14,6 +14,7 @@ BENCHES = [
     "bench_guards.py",
     "bench_logmux.py",
     "bench_pods.py",
+    "bench_clusters.py",
     "bench_image.py",
 ]
 

@@ -44,6 +44,23 @@ _CREATE_FIELDS = {
 }
 
 
+_CLUSTER_FIELDS = {
+    "name",
+    "type",
+    "compute",
+    "image",
+    "args",
+    "disk",
+    "ports",
+    "env",
+    "dataCenterIds",
+    "mounts",
+    "startJupyter",
+    "startSsh",
+}
+_CLUSTER_TYPES = ("APPLICATION", "TRAINING", "SLURM", "RAY")
+
+
 @dataclass
 class Recorded:
     method: str
@@ -227,6 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
                     402: "Payment Required",
                     404: "Not Found",
                     409: "Conflict",
+                    413: "Content Too Large",
                     422: "Unprocessable Entity",
                 }
                 self._problem(exc.status, titles.get(exc.status, "Error"), exc.detail, errors=exc.errors)
@@ -247,9 +265,13 @@ class _Handler(BaseHTTPRequestHandler):
 
         parts = [unquote(p) for p in path.strip("/").split("/")]
         method = self.command
+        if method == "POST" and len(body) > world.max_body:
+            raise Refusal(413, f"request body of {len(body)} bytes is over the {world.max_body} byte limit")
         with world.lock:
+            if parts[:2] == ["v2", "clusters"]:
+                return self._clusters(world, parts, body)
             if parts == ["v2", "pods"] and method == "GET":
-                return 200, {"pods": [pod_view(p) for p in world.pods.values() if p.status != "TERMINATED"]}
+                return 200, _pods_page(world, parse_qs(urlsplit(self.path).query))
             if parts == ["v2", "pods"] and method == "POST":
                 return 201, pod_view(world.create(_create_body(body)))
             if len(parts) == 3 and parts[:2] == ["v2", "pods"]:
@@ -280,6 +302,24 @@ class _Handler(BaseHTTPRequestHandler):
                 world.templates[parts[2]].update(json.loads(body))
                 return 200, template_view(world.templates[parts[2]])
         raise Refusal(404, f"no route {method} {path}")
+
+    def _clusters(self, world: World, parts: list[str], body: bytes) -> tuple[Any, Any]:
+        """`/v2/clusters[/{id}[/pods]]`: list, create, get, delete, members (no start/stop/restart)."""
+        from standin_views import cluster_view, pod_view
+
+        method = self.command
+        if len(parts) == 2 and method == "GET":
+            return 200, {"clusters": [cluster_view(world, c) for c in world.clusters.values()]}
+        if len(parts) == 2 and method == "POST":
+            return 201, cluster_view(world, world.create_cluster(_cluster_body(body)))
+        if len(parts) == 3 and method == "GET":
+            return 200, cluster_view(world, world.get_cluster(parts[2]))
+        if len(parts) == 3 and method == "DELETE":
+            world.delete_cluster(parts[2])
+            return 204, None
+        if len(parts) == 4 and parts[3] == "pods" and method == "GET":
+            return 200, {"pods": [pod_view(p) for p in world.members(world.get_cluster(parts[2]))]}
+        raise Refusal(404, f"no route {method} /{'/'.join(parts)}")
 
     def _stream(self, pod_id: str) -> None:
         """SSE: backfill (Last-Event-ID > since > tail), then live lines and keep-alives until closed."""
@@ -325,6 +365,55 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
         except OSError:
             return
+
+
+def _pods_page(world: World, query: dict[str, list[str]]) -> dict[str, Any]:
+    """One page of `GET /v2/pods`, newest first: `limit` (<= 1000, and the world's page size), `cursor`."""
+    from standin_views import pod_view
+
+    raw_limit = (query.get("limit") or ["100"])[0]
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+        raise Refusal(422, "Request validation failed.", [f"$.limit: {raw_limit!r} is not 1..1000"])
+    limit = min(int(raw_limit), world.page_size)
+    with_members = (query.get("includeClusterPods") or ["false"])[0] == "true"
+    pods = [
+        p
+        for p in reversed(list(world.pods.values()))
+        if p.status != "TERMINATED" and (with_members or p.cluster_id is None)
+    ]
+    cursor = (query.get("cursor") or [""])[0]
+    start = 0
+    if cursor:
+        ids = [p.id for p in pods]
+        if cursor not in ids:
+            raise Refusal(400, f"invalid cursor {cursor!r}")
+        start = ids.index(cursor) + 1
+    page = pods[start : start + limit]
+    more = start + limit < len(pods)
+    return {
+        "pods": [pod_view(p) for p in page],
+        "pagination": {"nextCursor": page[-1].id if more and page else None, "hasNextPage": more},
+    }
+
+
+def _cluster_body(raw: bytes) -> dict[str, Any]:
+    body = json.loads(raw)
+    unknown = sorted(set(body) - _CLUSTER_FIELDS)
+    if unknown:
+        raise Refusal(
+            422, "Request validation failed.", [f"$: additional properties '{u}' not allowed" for u in unknown]
+        )
+    missing = [k for k in ("name", "type", "compute", "image") if not body.get(k)]
+    if missing:
+        raise Refusal(422, "Request validation failed.", [f"$: missing property '{m}'" for m in missing])
+    compute = body["compute"]
+    if not isinstance(compute, dict) or set(compute) != {"gpuTypeId", "gpuCountPerPod", "podCount"}:
+        raise Refusal(422, "Request validation failed.", ["$.compute: gpuTypeId, gpuCountPerPod, podCount"])
+    if not 2 <= int(compute["podCount"]) <= 250 or int(compute["gpuCountPerPod"]) < 1:
+        raise Refusal(422, "Request validation failed.", ["$.compute.podCount: 2..250"])
+    if body["type"] not in _CLUSTER_TYPES:
+        raise Refusal(422, "Request validation failed.", [f"$.type: {body['type']!r} is not a ClusterType"])
+    return body
 
 
 def _create_body(raw: bytes) -> dict[str, Any]:

@@ -99,6 +99,9 @@ class PodRecord:
     last_start: str = "create"  # create | restart | start
     logs: list[LogLine] = field(default_factory=list)
     pending: list[tuple[float, str, str]] = field(default_factory=list)  # (due, source, line)
+    cluster_id: str | None = None  # a member of an Instant Cluster: rank and private address
+    rank: int | None = None
+    cluster_ip: str | None = None
 
     @property
     def actions(self) -> list[str]:
@@ -133,12 +136,27 @@ def verdict_lines(pod: PodRecord) -> list[str]:
     ]
 
 
+@dataclass
+class ClusterRecord:
+    id: str
+    name: str
+    type: str
+    compute: dict[str, Any]
+    dc: str
+    members: list[str]
+    created_at: str = field(default_factory=now_iso)
+
+
 class World:
     def __init__(self, timing: Timing | None = None) -> None:
         self.timing = timing or Timing()
         self.lock = threading.Condition()
         self.pods: dict[str, PodRecord] = {}
         self.templates: dict[str, dict[str, Any]] = {}
+        self.clusters: dict[str, ClusterRecord] = {}
+        self.member_actions = False  # True: members take pod actions; False: 409 (manage them through the cluster)
+        self.page_size = 1000  # GET /v2/pods answers at most this many per page (and at most `limit`)
+        self.max_body = 100 * 1024  # a create body over this is a 413
         self.capacity: dict[tuple[str, str], int] = {}
         self.new_machine_health: list[str] = []  # health of the next machines created, in order
         self.ignore_restart = False  # "restart returns 200 and does nothing"
@@ -212,6 +230,56 @@ class World:
             self.lock.notify_all()
             return pod
 
+    def create_cluster(self, body: dict[str, Any]) -> ClusterRecord:
+        """Place every node in one data centre (the first listed that has room for all), or Refusal 400."""
+        with self.lock:
+            if not self.balance_ok:
+                raise Refusal(402, "insufficient balance")
+            compute = body["compute"]
+            gpu_type, per_pod, count = compute["gpuTypeId"], int(compute["gpuCountPerPod"]), int(compute["podCount"])
+            if gpu_type not in GPU_TYPES:
+                raise Refusal(400, f"unknown GPU type {gpu_type!r}")
+            dcs = list(body.get("dataCenterIds") or []) or list(DATA_CENTERS)
+            dc = next((d for d in dcs if self.capacity.get((gpu_type, d), 0) >= per_pod * count), None)
+            if dc is None:
+                where = ", ".join(dcs)
+                raise Refusal(400, f"could not place {count} nodes x {per_pod}x {gpu_type} in {where}: {NO_CAPACITY}")
+            cluster = ClusterRecord(
+                id=f"cluster{next(self._ids):04d}",
+                name=body["name"],
+                type=body.get("type", "TRAINING"),
+                compute=dict(compute),
+                dc=dc,
+                members=[],
+            )
+            for rank in range(count):
+                pod_body = {**body, "gpu": {"id": gpu_type, "count": per_pod}, "dataCenterIds": [dc]}
+                pod = self.create(pod_body)
+                pod.cluster_id, pod.rank, pod.cluster_ip = cluster.id, rank, f"10.65.0.{rank + 2}"
+                cluster.members.append(pod.id)
+            self.clusters[cluster.id] = cluster
+            return cluster
+
+    def get_cluster(self, cluster_id: str) -> ClusterRecord:
+        cluster = self.clusters.get(cluster_id)
+        if cluster is None:
+            raise Refusal(404, f"cluster {cluster_id} not found")
+        return cluster
+
+    def delete_cluster(self, cluster_id: str) -> None:
+        with self.lock:
+            cluster = self.get_cluster(cluster_id)
+            for pod_id in cluster.members:
+                pod = self.pods[pod_id]
+                if pod.status != "TERMINATED":
+                    pod.status = "TERMINATED"
+                    self._release(pod)
+            del self.clusters[cluster_id]
+            self.lock.notify_all()
+
+    def members(self, cluster: ClusterRecord) -> list[PodRecord]:
+        return [self.pods[p] for p in cluster.members if self.pods[p].status != "TERMINATED"]
+
     # -- actions -------------------------------------------------------------------------------------------
     def get(self, pod_id: str) -> PodRecord:
         pod = self.pods.get(pod_id)
@@ -225,6 +293,8 @@ class World:
             if self.before_action is not None:
                 self.before_action(pod)
                 self.before_action = None
+            if pod.cluster_id is not None and not self.member_actions:
+                raise Refusal(409, f"pod {pod_id} is a member of cluster {pod.cluster_id}; use the cluster")
             if action not in pod.actions:
                 raise Refusal(409, f"action {action!r} is not allowed in status {pod.status}")
             if action == "terminate":

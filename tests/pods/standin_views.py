@@ -6,7 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from standin_state import PodRecord
+from standin_state import ClusterRecord, PodRecord, World
 
 
 def _runtime_ports(pod: PodRecord) -> list[dict[str, Any]]:
@@ -68,10 +68,38 @@ def pod_view(pod: PodRecord) -> dict[str, Any]:
         "createdAt": pod.created_at,
         "startedAt": pod.started_at,
     }
-    if pod.gpu_type:
-        view["gpu"] = {"id": pod.gpu_type, "count": pod.gpu_count}
+    if pod.cluster_id is not None:
+        view["cluster"] = {"id": pod.cluster_id, "rank": pod.rank, "ip": pod.cluster_ip}
+    view["interruptible"] = pod.interruptible  # a field the client does not know: it must be ignored
+    if pod.gpu_type:  # the newer revision's per-GPU-set details beside id and count
+        view["gpu"] = {"id": pod.gpu_type, "count": pod.gpu_count, "vcpuCount": 8 * pod.gpu_count, "memory": 62}
     else:
         view["cpu"] = {**(pod.cpu or {}), "memory": 8}
+    return view
+
+
+def cluster_view(world: World, cluster: ClusterRecord) -> dict[str, Any]:
+    """The REST v2 `Cluster`: identity, shape and only aggregate member counts (`pods {total, byStatus}`)."""
+    members = world.members(cluster)
+    by_status: dict[str, int] = {}
+    for pod in members:
+        by_status[pod.status] = by_status.get(pod.status, 0) + 1
+    primary = next((p for p in members if p.rank == 0), None)
+    view: dict[str, Any] = {
+        "id": cluster.id,
+        "name": cluster.name,
+        "type": cluster.type,
+        "compute": cluster.compute,
+        "dataCenterId": cluster.dc,
+        "pods": {"total": len(members), "byStatus": by_status},
+        "network": {"cidr": "10.65.0.0/16", "vxlanId": 42, "vxlanPort": 4789},
+        "createdAt": cluster.created_at,
+    }
+    if primary is not None:
+        view["primary"] = {"podId": primary.id, "status": primary.status}
+        ssh = next((p for p in _runtime_ports(primary) if p["private"] == 22 and p["public"]), None)
+        if primary.status == "RUNNING" and ssh is not None:
+            view["primary"]["sshEndpoint"] = f"{ssh['ip']}:{ssh['public']}"
     return view
 
 

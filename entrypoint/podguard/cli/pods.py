@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeGuard
 
 import typer
 
@@ -19,6 +19,7 @@ from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
+    from podguard.pods.clusters.model import Cluster
     from podguard.pods.model import Pod
     from podguard.pods.progress import Progress
     from podguard.pods.readiness import ReadyOutcome
@@ -77,6 +78,8 @@ def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> 
         if kind == ApiKind.REST:
             raise UsageError("--api=rest cannot create spot pods (REST v2 has no spot field); drop --api")
         kind = ApiKind.GRAPHQL
+    if spec is not None and spec.cluster is not None and kind == ApiKind.GRAPHQL:
+        raise UsageError("clusters are created through REST v2 only; drop --api graphql for this spec")
     if spec is not None and spec.cpu is not None and kind == ApiKind.GRAPHQL:
         raise UsageError("CPU pods are created through REST; drop --api graphql for this spec")
     try:
@@ -87,14 +90,30 @@ def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> 
         ) from None
 
 
-def _client_and_pod(kind: str | None, retry_for: float, ref: str) -> tuple[PodApi, Pod]:
-    """An API client and the pod named `ref` (by id or name); exit 66 when there is none."""
-    from podguard.pods.placement import find_pod
+def _client_and_pod(
+    kind: str | None, retry_for: float, ref: str, *, member_as_cluster: bool = False
+) -> tuple[PodApi, Pod | Cluster]:
+    """An API client and the pod or cluster named `ref` (by id or name); exit 66 when there is none.
+
+    A cluster member's id names that node's pod, or its cluster with `member_as_cluster` (heal)."""
+    from podguard.pods.clusters.model import Member
+    from podguard.pods.clusters.rest import cluster_api
+    from podguard.pods.clusters.target import find_target
 
     client = _api(kind, retry_for)
-    target = find_pod(client, ref)
-    assert target is not None  # find_pod raises NOT_FOUND (66) unless missing_ok
+    target = find_target(client, ref)
+    assert target is not None  # find_target raises NOT_FOUND (66) unless missing_ok
+    if isinstance(target, Member):
+        if member_as_cluster and target.cluster_id:
+            return client, cluster_api(client).get_cluster(target.cluster_id)
+        return client, target.pod
     return client, target
+
+
+def _is_cluster(target: object) -> TypeGuard[Cluster]:
+    from podguard.pods.clusters.model import Cluster
+
+    return isinstance(target, Cluster)
 
 
 def _progress(quiet: bool = False) -> Progress:
@@ -170,10 +189,20 @@ def up(
     tuning = _tuning()
     client = _api(api, retry_for, spec=spec)
     progress = _progress()
+    timeout_s = spec.ready_timeout_s if timeout is None else timeout
+    if spec.interruptible:
+        progress.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
+    if spec.cluster is not None:
+        from podguard.pods.clusters import commands
+
+        commands.up(
+            client, spec, timeout_s=timeout_s, wait=not no_wait, as_json=as_json, tuning=tuning, progress=progress
+        )
+        return
     result = pod_up(
         client,
         spec,
-        timeout_s=spec.ready_timeout_s if timeout is None else timeout,
+        timeout_s=timeout_s,
         wait=not no_wait,
         tuning=tuning,
         progress=progress,
@@ -191,23 +220,22 @@ def up(
 
 @pod_app.command("status")
 def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
-    """One pod: status, GPU, cost per hour, SSH command, ports."""
-    from podguard.pods.placement import find_pod
+    """One pod or cluster: status, GPU, cost per hour, SSH command, ports (a cluster: each node too)."""
+    client, target = _client_and_pod(api, retry_for, pod)
+    if _is_cluster(target):
+        from podguard.pods.clusters import commands
 
-    _show(find_pod(_api(api, retry_for), pod), as_json)
+        commands.show(client, target, as_json=as_json)
+        return
+    _show(target, as_json)
 
 
 @pod_app.command("list")
 def list_(as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
-    """Every pod of the account, as a table or a JSON array."""
-    from podguard.pods.model import public_view
-    from podguard.pods.render import pod_table
+    """Every pod of the account and one item per cluster, as a table or a JSON array."""
+    from podguard.pods.clusters import commands
 
-    pods = _api(api, retry_for).list_pods()
-    if as_json:
-        _emit([public_view(p) for p in pods])
-    else:
-        print(pod_table(pods))
+    commands.list_all(_api(api, retry_for), as_json=as_json)
 
 
 @pod_app.command("logs")
@@ -217,17 +245,33 @@ def logs(
     tail: Annotated[
         int, typer.Option("--tail", envvar="PODGUARD_TAIL", min=0, max=5000, help="Recent lines to show.")
     ] = 100,
+    node: Annotated[
+        int | None,
+        typer.Option("--node", envvar="PODGUARD_NODE", min=0, help="A cluster's node rank: only that node's lines."),
+    ] = None,
     as_json: Json = False,
     api: Api = None,
     retry_for: RetryFor = 60.0,
 ) -> None:
-    """The pod's recent log lines (`--tail N`); `--follow` keeps streaming until interrupted."""
+    """The pod's recent log lines (`--tail N`); `--follow` keeps streaming until interrupted.
+
+    For a cluster, every node's lines prefixed `node<R>: ` (or one node's with `--node R`)."""
     import time
 
     from podguard.pods.follow import LogFollower, drain_quiet
 
     client, target = _client_and_pod(api, retry_for, pod)
     tuning = _tuning()
+    if _is_cluster(target):
+        from podguard.pods.clusters import commands
+
+        try:
+            commands.logs(client, target, node=node, tail=tail, follow=follow, as_json=as_json, tuning=tuning)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        return
+    if node is not None:
+        raise UsageError(f"--node {node} applies to clusters only; {target.name} is a pod")
     follower = LogFollower(client, target.id, since=None, tail=tail, backoff_s=tuning.backoff_s)
     follower.start()
     try:
@@ -269,6 +313,11 @@ def wait(
 
     client, target = _client_and_pod(api, retry_for, pod)
     progress = _progress()
+    if _is_cluster(target):
+        from podguard.pods.clusters import commands
+
+        commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=_tuning(), progress=progress)
+        return
     outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=_tuning(), progress=progress)
     progress.close()
     _show(
@@ -279,10 +328,30 @@ def wait(
 
 
 def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
-    from podguard.pods.actions import apply_action
+    from podguard.pods.actions import act_on
+    from podguard.pods.clusters.target import find_target
     from podguard.pods.model import PodAction
 
-    result = apply_action(_api(api, retry_for), ref, PodAction(action))
+    wanted = PodAction(action)
+    client = _api(api, retry_for)
+    target = find_target(client, ref, missing_ok=wanted is PodAction.TERMINATE)
+    if target is None:
+        print(f"podguard: no pod or cluster named {ref!r} or with that id: nothing to take down", file=sys.stderr)
+        if as_json:
+            _emit({"changed": False, "terminated": True})
+        return
+    from podguard.pods.clusters import commands
+    from podguard.pods.clusters.model import Member
+
+    if _is_cluster(target):
+        if wanted is not PodAction.TERMINATE:
+            raise commands.refuse_action(target, wanted)
+        commands.down(client, target, as_json=as_json)
+        return
+    if isinstance(target, Member):
+        result = commands.act_on_member(client, target, wanted)
+    else:
+        result = act_on(client, target, wanted)
     print(f"podguard: {result.message}", file=sys.stderr)
     if as_json:
         _show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
@@ -331,8 +400,11 @@ def heal(
     from podguard.pods.heal import heal as run_heal
     from podguard.pods.heal import heal_record
 
-    client, target = _client_and_pod(api, retry_for, pod)
+    client, target = _client_and_pod(api, retry_for, pod, member_as_cluster=True)
     progress = _progress()
+    if _is_cluster(target):
+        _heal_cluster(client, target, replace, timeout, as_json, progress)
+        return
     result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
     progress.close()
     record = heal_record(target, result)
@@ -343,6 +415,27 @@ def heal(
     if result.code != ExitCode.OK:
         lines = [result.message, *[f"  | {line}" for line in result.lines]]
         raise PodguardError("\n".join(lines), result.code)
+
+
+def _heal_cluster(
+    client: PodApi, cluster: Cluster, replace: bool, timeout: float, as_json: bool, progress: Progress
+) -> None:
+    from podguard.pods.clusters import commands
+
+    try:
+        record = commands.heal(
+            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=_tuning(), progress=progress
+        )
+    except commands.HealFailed as failed:
+        _note_heal_record(cluster.id, failed.record, progress)
+        raise
+    _note_heal_record(cluster.id, record, progress)
+
+
+def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress) -> None:
+    where = _save_heal_record(target_id, record)
+    if where:
+        progress.say(f"heal record: {where}")
 
 
 def _save_heal_record(pod_id: str, record: dict[str, Any]) -> Path | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from podguard.pods.api import LogStream, PodApi
 from podguard.pods.errors import ApiError
@@ -34,9 +35,11 @@ class LogFollower(threading.Thread):
         source: str | None = None,
         backoff_s: float = 0.5,
         backoff_cap_s: float = 8.0,
+        sink: Callable[[LogEvent | ApiError], None] | None = None,
     ) -> None:
         super().__init__(name=f"podguard-logs-{pod_id}", daemon=True)
         self.queue: queue.Queue[LogEvent | ApiError] = queue.Queue()
+        self._put = sink or self.queue.put  # several followers may share one sink (a cluster's nodes)
         self.reopened = 0
         self._api = api
         self._pod_id = pod_id
@@ -58,7 +61,7 @@ class LogFollower(threading.Thread):
                 )
             except ApiError as exc:  # open_logs already retried transient failures for --retry-for
                 if not self._halt.is_set():
-                    self.queue.put(exc)
+                    self._put(exc)
                 return
             with self._lock:
                 if self._halt.is_set():
@@ -71,7 +74,7 @@ class LogFollower(threading.Thread):
                     got_any = True
                     if event.id:
                         last_id = event.id
-                    self.queue.put(event)
+                    self._put(event)
             except ApiError:
                 pass  # dropped or silent too long: reopen from last_id
             finally:

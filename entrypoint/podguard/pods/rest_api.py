@@ -32,7 +32,18 @@ from podguard.pods.model import (
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.transport import Stream, Transport, path_of
 
-__all__ = ["RestApi", "pod_from_rest", "rest_create_body"]
+__all__ = [
+    "PAGE_LIMIT",
+    "RestApi",
+    "answer_field",
+    "mounts_body",
+    "parse_answer",
+    "pod_from_rest",
+    "rest_create_body",
+    "too_large",
+]
+
+PAGE_LIMIT = 1000  # REST v2's largest page of `GET /v2/pods`
 
 
 class RestApi:
@@ -45,27 +56,53 @@ class RestApi:
         self.transport = Transport(base_url, key, timeout_s=timeout_s)
         self._stream_idle_s = stream_idle_s
 
-    def _call(self, what: str, method: str, path: str, **kw: Any) -> Any:
+    def call(self, what: str, method: str, path: str, **kw: Any) -> Any:
+        """One idempotent request, transient failures retried within the policy (the clusters client uses it)."""
         return with_retry(lambda: self.transport.request(method, path, **kw), self.policy, what=what)
 
     def list_pods(self) -> list[Pod]:
-        body = self._call("list pods", "GET", "/v2/pods")
-        return [_parsed(pod_from_rest, p, "list pods") for p in _field(body, "pods", "list pods")]
+        return [parse_answer(pod_from_rest, p, "list pods") for p in self.list_pod_objects()]
+
+    def list_pod_objects(self, *, include_cluster_pods: bool = False) -> list[dict[str, Any]]:
+        """Every pod object of the account, following `pagination.nextCursor` to the last page.
+
+        Cluster members are hidden unless `include_cluster_pods`. A page is retried on its own; a cursor
+        that comes back twice ends the walk (a server bug must not loop forever)."""
+        out: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"limit": PAGE_LIMIT}
+        if include_cluster_pods:
+            query["includeClusterPods"] = "true"
+        seen: set[str] = set()
+        while True:
+            page_query = dict(query)
+            body = self.call("list pods", "GET", "/v2/pods", query=page_query)
+            out += [p for p in answer_field(body, "pods", "list pods") if isinstance(p, dict)]
+            cursor = _next_cursor(body)
+            if cursor is None or cursor in seen:
+                return out
+            seen.add(cursor)
+            query["cursor"] = cursor
 
     def get_pod(self, pod_id: str) -> Pod:
-        return _parsed(pod_from_rest, self._call(f"get pod {pod_id}", "GET", path_of("v2", "pods", pod_id)), "get pod")
+        return parse_answer(
+            pod_from_rest, self.call(f"get pod {pod_id}", "GET", path_of("v2", "pods", pod_id)), "get pod"
+        )
 
     def create_pod(self, request: PodRequest) -> Pod:
-        body = self.transport.request("POST", "/v2/pods", body=rest_create_body(request))
-        return _parsed(pod_from_rest, body, "create pod")
+        payload = rest_create_body(request)
+        try:
+            body = self.transport.request("POST", "/v2/pods", body=payload)
+        except ApiError as exc:
+            raise too_large(exc, payload, "pod") from None
+        return parse_answer(pod_from_rest, body, "create pod")
 
     def act(self, pod_id: str, action: PodAction) -> Pod | None:
         what = f"{action} pod {pod_id}"
         if action is PodAction.TERMINATE:
-            self._call(what, "DELETE", path_of("v2", "pods", pod_id))
+            self.call(what, "DELETE", path_of("v2", "pods", pod_id))
             return None
-        body = self._call(what, "POST", path_of("v2", "pods", pod_id, "action"), body={"action": str(action)})
-        return None if body is None else _parsed(pod_from_rest, body, what)
+        body = self.call(what, "POST", path_of("v2", "pods", pod_id, "action"), body={"action": str(action)})
+        return None if body is None else parse_answer(pod_from_rest, body, what)
 
     def open_logs(
         self, pod_id: str, *, since: str | None, tail: int | None, last_event_id: str = "", source: str | None = None
@@ -90,7 +127,7 @@ class RestApi:
         existing = self._template_named(request.name)
         if existing is not None:
             tid = str(existing["id"])
-            self._call(f"update template {tid}", "PATCH", path_of("v2", "templates", tid), body=body)
+            self.call(f"update template {tid}", "PATCH", path_of("v2", "templates", tid), body=body)
             return tid, False
         created = with_retry(
             lambda: self.transport.request("POST", "/v2/templates", body=body),
@@ -98,10 +135,10 @@ class RestApi:
             what="create template",
             before_retry=lambda _err: self._template_named(request.name),  # a lost answer may have created it
         )
-        return str(_field(created, "id", "create template")), True
+        return str(answer_field(created, "id", "create template")), True
 
     def _template_named(self, name: str) -> dict[str, Any] | None:
-        listed = _field(self._call("list templates", "GET", "/v2/templates"), "templates", "list templates")
+        listed = answer_field(self.call("list templates", "GET", "/v2/templates"), "templates", "list templates")
         return next((t for t in listed if isinstance(t, dict) and t.get("name") == name), None)
 
 
@@ -134,13 +171,40 @@ class RestLogStream:
         self.close()
 
 
-def _field(body: Any, name: str, what: str) -> Any:
+def _next_cursor(body: Any) -> str | None:
+    """The cursor of the next page, or None on the last one (`pagination {nextCursor, hasNextPage}`)."""
+    pagination = body.get("pagination") if isinstance(body, dict) else None
+    if not isinstance(pagination, dict) or not pagination.get("hasNextPage"):
+        return None
+    cursor = pagination.get("nextCursor")
+    return str(cursor) if cursor else None
+
+
+def too_large(error: ApiError, payload: dict[str, Any], what: str) -> ApiError:
+    """A 413 (create body over RunPod's 100 KB) as one line that names what made it large; others as they are."""
+    if error.status != 413:
+        return error
+    size = len(json.dumps(payload).encode())
+    env = len(json.dumps(payload.get("env") or {}).encode())
+    args = len(str(payload.get("args") or "").encode())
+    return ApiError(
+        ApiErrorKind.INVALID,
+        f"create {what}: RunPod refused the request body ({size / 1024:.1f} KB, HTTP 413; the limit is 100 KB): "
+        f"env {env / 1024:.1f} KB in {len(payload.get('env') or {})} variables, args {args / 1024:.1f} KB; "
+        "move large values to a network volume or a RunPod secret",
+        status=413,
+    )
+
+
+def answer_field(body: Any, name: str, what: str) -> Any:
+    """`body[name]`, or ApiError TRANSIENT when the answer does not have it."""
     if not isinstance(body, dict) or name not in body:
         raise ApiError(ApiErrorKind.TRANSIENT, f"{what}: unexpected answer (no {name!r})")
     return body[name]
 
 
-def _parsed(parse: Any, body: Any, what: str) -> Any:
+def parse_answer(parse: Any, body: Any, what: str) -> Any:
+    """`parse(body)`, an answer of an unexpected shape becoming ApiError TRANSIENT."""
     try:
         return parse(body)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -208,7 +272,8 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
     )
 
 
-def _mounts(volume: Volume | None) -> dict[str, Any] | None:
+def mounts_body(volume: Volume | None) -> dict[str, Any] | None:
+    """The REST v2 `mounts` of a volume (network or persistent), None without one."""
     if volume is None:
         return None
     if volume.network:
@@ -236,7 +301,7 @@ def rest_create_body(r: PodRequest) -> dict[str, Any]:
         body["gpu"] = {"id": r.gpu.type, "count": r.gpu.count}
     elif r.cpu is not None:
         body["cpu"] = {"id": r.cpu.id, "vcpuCount": r.cpu.vcpus}
-    mounts = _mounts(r.volume)
+    mounts = mounts_body(r.volume)
     if mounts:
         body["mounts"] = mounts
     return body
@@ -255,5 +320,5 @@ def rest_template_body(t: TemplateRequest) -> dict[str, Any]:
         "category": t.category,
     }
     if t.volume is not None and not t.volume.network:
-        body["mounts"] = _mounts(t.volume)
+        body["mounts"] = mounts_body(t.volume)
     return body

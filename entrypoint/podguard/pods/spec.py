@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from podguard.errors import UsageError
+from podguard.pods.clusters.model import CLUSTER_TYPES, MAX_NODES, MIN_NODES, ClusterRequest, ClusterShape
 from podguard.pods.model import CpuInfo, GpuInfo, PodRequest, TemplateRequest, Volume
 
 __all__ = ["PodSpec", "load_spec", "parse_spec"]
@@ -39,6 +40,7 @@ _TOP = {
     "env",
     "limits",
     "ready",
+    "cluster",
 }
 _TABLES = {
     "gpu": {"types", "count"},
@@ -47,6 +49,7 @@ _TABLES = {
     "network_volume": {"id", "path"},
     "ready": {"timeout_s"},
     "limits": {"idle_stop", "max_runtime", "max_cost_usd"},
+    "cluster": {"nodes", "type"},
 }
 _PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,6 +76,29 @@ class PodSpec:
     volume: Volume | None = None
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 1800.0
+    cluster: ClusterShape | None = None  # [cluster]: a RunPod Instant Cluster of `nodes` such pods
+
+    def cluster_candidates(self) -> list[ClusterRequest]:
+        """One cluster create attempt per (data centre, GPU type), in the spec's order; every node alike."""
+        assert self.cluster is not None and self.gpu is not None
+        return [
+            ClusterRequest(
+                name=self.name,
+                type=self.cluster.type,
+                image=self.image,
+                gpu=GpuInfo(gpu_type, self.gpu.count),
+                nodes=self.cluster.nodes,
+                args=self.args,
+                env=dict(self.env),
+                ports=self.ports,
+                disk_gb=self.disk_gb,
+                data_center=dc,
+                volume=self.volume,
+                ssh=self.ssh,
+            )
+            for dc in self.data_centers or (None,)
+            for gpu_type in self.gpu_types
+        ]
 
     def candidates(self) -> list[PodRequest]:
         """One create attempt per (data centre, GPU type), GPU types first, both in the spec's order."""
@@ -223,7 +249,31 @@ def parse_spec(data: Mapping[str, Any], *, where: str = "spec") -> PodSpec:
         env=_limits(c, data, _env(c, data)),
         ready_timeout_s=_ready(c, data),
     )
-    return _compute(c, data, spec)
+    from dataclasses import replace
+
+    shape = _cluster(c, data, spec)  # before [gpu]/[cpu]: a cluster's own refusals come first
+    return replace(_compute(c, data, spec), cluster=shape)
+
+
+def _cluster(c: _Checker, data: Mapping[str, Any], spec: PodSpec) -> ClusterShape | None:
+    """The [cluster] table: nodes 2..250, type; GPU nodes only, never spot."""
+    table = c.table(data, "cluster")
+    if table is None:
+        return None
+    nodes = table.get("nodes")
+    if nodes is None:
+        raise c.fail("[cluster] nodes", f"is required: the number of nodes, {MIN_NODES}-{MAX_NODES}")
+    nodes = c.whole(table, "nodes", "[cluster] nodes", MIN_NODES, MIN_NODES, MAX_NODES)
+    kind = c.string(table, "type", "[cluster] type", default="TRAINING")
+    if kind not in CLUSTER_TYPES:
+        raise c.fail("[cluster] type", f"= {kind!r} is not valid; expected one of {', '.join(CLUSTER_TYPES)}")
+    if "cpu" in data:
+        raise c.fail("[cpu]", "is refused with [cluster]: Instant Cluster nodes are GPU pods; use [gpu]")
+    if spec.interruptible:
+        raise c.fail("interruptible", "is refused with [cluster]: Instant Clusters have no spot nodes; remove it")
+    if "gpu" not in data:
+        raise c.fail("[cluster]", "needs a [gpu] table: the GPU types to try and `count`, the GPUs per node")
+    return ClusterShape(nodes=nodes, type=kind)
 
 
 def _valid_port(value: str) -> bool:

@@ -245,6 +245,8 @@ def error_from_answer(what: str, status: int, headers: Mapping[str, str], raw: b
         return ApiError(ApiErrorKind.FORBIDDEN, f"{message} (the API key may not do this)", status=status)
     if status == 429:
         return ApiError(ApiErrorKind.RATE_LIMITED, message, status=status, retry_after=_retry_after(headers))
+    if status == 413:  # the body is over the API's limit (also when a proxy answers it as a page): never retried
+        return ApiError(ApiErrorKind.INVALID, message, status=status, detail=detail)
     if status >= 500 or not is_json:
         return ApiError(ApiErrorKind.TRANSIENT, message, status=status)
     kinds = {404: ApiErrorKind.NOT_FOUND, 409: ApiErrorKind.CONFLICT}

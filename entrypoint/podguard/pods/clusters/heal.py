@@ -1,0 +1,192 @@
+"""`pod heal` of a cluster: restart the sick nodes where the API allows it, else recreate the whole cluster.
+
+    result = cluster_heal(clusters, cluster, replace=True, timeout_s=900, tuning=Tuning(), progress=Progress())
+    result.code   # 0 healthy (or a step made it so); 76 still failing; 69 no capacity; 64 needs --replace
+
+1. Judge: every node's verdict since its start (no fail-fast: all sick nodes are named).
+2. Restart the sick members (pod `restart`, or `start` for a stopped one). REST v2 may refuse actions on a
+   member (409): an expected answer that means only recreating the cluster can help.
+3. With `--replace`: delete the cluster and create one of the same shape (image, args, env, ports, disk,
+   GPU type and count per node, node count, type) and the same name and network volume, in the volume's
+   data centre. Delete first: a second cluster of the same name would break `pod up`'s idempotency, and a
+   cluster-sized block of GPUs twice over in one data centre is rarely free. See docs/pods.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from podguard.errors import ExitCode
+from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
+from podguard.pods.clusters.placement import create_cluster_first_fit
+from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
+from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.errors import ApiError, ApiErrorKind
+from podguard.pods.heal import HealStep, StepRecord
+from podguard.pods.model import PodAction, PodStatus
+from podguard.pods.progress import Progress
+from podguard.pods.tuning import Tuning
+
+__all__ = ["ClusterHealResult", "cluster_heal", "cluster_heal_record", "replacement_cluster"]
+
+
+@dataclass
+class ClusterHealResult:
+    code: int
+    cluster: Cluster
+    members: list[Member]
+    steps: list[StepRecord]
+    message: str
+    lines: list[str] = field(default_factory=list)
+
+
+def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterRequest:
+    """The same cluster again: shape from the cluster, container config and volume from its primary node."""
+    model = next((m for m in members if m.rank == 0), members[0]).pod
+    volume = model.volume
+    return ClusterRequest(
+        name=cluster.name,
+        type=cluster.type,
+        image=model.image,
+        gpu=cluster.gpu,
+        nodes=cluster.nodes,
+        args=model.args,
+        env=dict(model.env),
+        ports=model.port_specs,
+        disk_gb=model.disk_gb or 50,
+        data_center=cluster.data_center if volume is not None and volume.network else None,
+        volume=volume,
+        ssh=True,
+    )
+
+
+class _Healer:
+    def __init__(self, api: ClusterApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
+        self.api, self.timeout_s, self.tuning, self.progress = api, timeout_s, tuning, progress
+        self.steps: list[StepRecord] = []
+
+    def record(self, step: HealStep, result: str, detail: str, cluster: Cluster) -> None:
+        self.steps.append(StepRecord(step, result, detail, cluster.id))
+        self.progress.say(f"heal {step}: {result}" + (f" ({detail})" if detail else ""))
+
+    def judge(self, cluster_id: str) -> ClusterOutcome:
+        return wait_cluster_ready(
+            self.api, cluster_id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress, fail_fast=False
+        )
+
+    def restart(self, outcome: ClusterOutcome, sick: list[int]) -> ClusterOutcome | None:
+        """Restart the sick members; None when the API refuses actions on members (409)."""
+        cluster = outcome.cluster
+        targets = [m for m in outcome.members if m.rank in sick]
+        self.progress.say(f"heal step 1: restart {', '.join(m.label for m in targets)} of cluster {cluster.name}")
+        before = {m.pod.id: m.pod.started_at for m in targets}
+        for member in targets:
+            action = PodAction.RESTART if member.pod.status is PodStatus.RUNNING else PodAction.START
+            try:
+                self.api.pods.act(member.pod.id, action)
+            except ApiError as exc:
+                if exc.kind is not ApiErrorKind.CONFLICT:
+                    raise
+                self.record(HealStep.RESTART, "refused", f"{member.label}: {exc.detail or exc.message}", cluster)
+                return None
+        if not self._restarted(cluster.id, before):
+            self.record(HealStep.RESTART, "no-effect", "accepted, but the nodes did not restart", cluster)
+            return outcome
+        judged = self.judge(cluster.id)
+        self._judged(HealStep.RESTART, judged)
+        return judged
+
+    def _restarted(self, cluster_id: str, before: dict[str, str | None]) -> bool:
+        """Poll the members (one request per poll) until every restarted one shows a new start or left RUNNING."""
+        deadline = time.monotonic() + min(self.timeout_s, self.tuning.restart_confirm_s)
+        while True:
+            members = {m.pod.id: m.pod for m in self.api.members(cluster_id)}
+            if all(
+                pid in members and (members[pid].started_at != started or members[pid].status is not PodStatus.RUNNING)
+                for pid, started in before.items()
+            ):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(max(min(self.tuning.poll_s, deadline - time.monotonic()), 0.0))
+
+    def replace(self, outcome: ClusterOutcome) -> ClusterOutcome | ApiError:
+        old = outcome.cluster
+        request = replacement_cluster(old, outcome.members)
+        self.progress.say(
+            f"heal step 2: recreate cluster {old.name} ({old.id}): delete it, then create {request.describe()}"
+        )
+        self.api.delete_cluster(old.id)
+        try:
+            new = create_cluster_first_fit(self.api, [request], say=self.progress.say, exclude={old.id})
+        except ApiError as exc:
+            if exc.kind not in (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED):
+                raise
+            self.record(HealStep.REPLACE, "no-capacity", exc.message, old)
+            return exc
+        judged = wait_cluster_ready(
+            self.api, new.id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress
+        )
+        self._judged(HealStep.REPLACE, judged)
+        return judged
+
+    def _judged(self, step: HealStep, outcome: ClusterOutcome) -> None:
+        result = "pass" if outcome.code == ExitCode.OK else ("fail" if outcome.verdicts else "timeout")
+        self.record(step, result, outcome.message, outcome.cluster)
+
+
+def _sick(outcome: ClusterOutcome) -> list[int]:
+    if outcome.failed:
+        return outcome.failed
+    return sorted(m.rank for m in outcome.members if m.rank is not None and m.rank not in outcome.verdicts)
+
+
+def cluster_heal(
+    api: ClusterApi, cluster: Cluster, *, replace: bool, timeout_s: float, tuning: Tuning, progress: Progress
+) -> ClusterHealResult:
+    """Judge, restart the sick nodes where allowed, then (with --replace) recreate the cluster."""
+    healer = _Healer(api, timeout_s, tuning, progress)
+    judged = healer.judge(cluster.id)
+    if judged.code == ExitCode.OK:
+        return ClusterHealResult(ExitCode.OK, judged.cluster, judged.members, healer.steps, judged.message)
+    sick = _sick(judged)
+    progress.say(f"cluster {cluster.name}: sick {', '.join(f'node{r}' for r in sick)}: {judged.message}")
+    restarted = healer.restart(judged, sick)
+    if restarted is not None and restarted.code == ExitCode.OK:
+        return _result(healer, restarted)
+    last = restarted or judged
+    if not replace:
+        if restarted is None:
+            message = (
+                f"RunPod refuses actions on the member nodes of cluster {cluster.name} (409): only recreating it "
+                f"can help; rerun with --replace (recreates all {cluster.nodes} nodes, keeping the name and network "
+                "volume)"
+            )
+            return ClusterHealResult(ExitCode.USAGE, last.cluster, last.members, healer.steps, message, last.lines)
+        return _result(healer, last, hint="rerun with --replace to recreate the cluster on other machines")
+    replaced = healer.replace(last)
+    if isinstance(replaced, ApiError):
+        message = (
+            f"{replaced.message}\n  cluster {cluster.name} was deleted before the new one was asked for; "
+            "`podguard pod up --spec FILE` recreates it when capacity returns"
+        )
+        return ClusterHealResult(ExitCode.GPUS_MISSING, last.cluster, [], healer.steps, message)
+    return _result(healer, replaced)
+
+
+def _result(healer: _Healer, outcome: ClusterOutcome, hint: str = "") -> ClusterHealResult:
+    code = ExitCode.OK if outcome.code == ExitCode.OK else ExitCode.GPU_UNHEALTHY
+    message = outcome.message + (f"; {hint}" if hint and code != ExitCode.OK else "")
+    return ClusterHealResult(code, outcome.cluster, outcome.members, healer.steps, message, outcome.lines)
+
+
+def cluster_heal_record(cluster: Cluster, result: ClusterHealResult) -> dict[str, object]:
+    """The JSON record of a cluster heal run (steps in order)."""
+    return {
+        "cluster": {"id": cluster.id, "name": cluster.name, "nodes": cluster.nodes},
+        "code": result.code,
+        "message": result.message,
+        "result_cluster": result.cluster.id,
+        "steps": [asdict(s) for s in result.steps],
+    }
