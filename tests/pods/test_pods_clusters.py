@@ -143,6 +143,12 @@ def test_status_list_and_logs_of_a_cluster(standin, tmp_path):  # noqa: F811
     (cluster,) = standin.world.clusters.values()
     status = json.loads(pg(["pod", "status", "ring", "--json"]).stdout)
     assert status["id"] == cluster.id and status["nodes"] == 2 and [m["rank"] for m in status["members"]] == [0, 1]
+    for member in status["members"]:  # billing: each node's own estimate, and the cluster's sum of them
+        standin.world.backdate(member["id"], 3600)
+    spent = json.loads(pg(["pod", "status", "ring", "--json"]).stdout)
+    assert spent["uptime_s"] >= 3600 and spent["spent_usd"] == pytest.approx(1.76, abs=0.01)
+    assert sum(m["spent_usd"] for m in spent["members"]) == pytest.approx(spent["spent_usd"], abs=0.001)
+    assert "spent:    $1.76" in pg(["pod", "status", "ring"]).stdout
     assert "node1:" in pg(["pod", "status", cluster.id]).stdout
     waited = pg(["pod", "wait", "ring", "--json"])
     assert waited.returncode == 0 and json.loads(waited.stdout)["ready"] is True, waited.stderr

@@ -41,15 +41,24 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
+TABLE_HEADER = ("ID", "NAME", "STATUS", "GPU", "COST", "UPTIME", "SPENT", "SSH")
+
+
+def pod_row(p: Pod) -> tuple[str, ...]:
+    """One pod's row under TABLE_HEADER."""
+    return (p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), _uptime(p), _spent(p), p.ssh or "-")
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> str:
+    """Rows as columns, the last one (SSH, long) unpadded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+
+
 def pod_table(pods: Sequence[Pod]) -> str:
     if not pods:
         return "no pods"
-    rows = [("ID", "NAME", "STATUS", "GPU", "COST", "UPTIME", "SPENT", "SSH")]
-    rows += [
-        (p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), _uptime(p), _spent(p), p.ssh or "-") for p in pods
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+    return aligned([TABLE_HEADER, *(pod_row(p) for p in pods)])
 
 
 def pod_details(pod: Pod) -> str:

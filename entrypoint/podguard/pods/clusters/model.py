@@ -123,6 +123,8 @@ def cluster_view(cluster: Cluster, members: list[Member]) -> dict[str, Any]:
     primary = next((m for m in ordered if m.pod.id == cluster.primary_pod_id), ordered[0] if ordered else None)
     costs = [m.pod.cost_per_hr for m in ordered if m.pod.cost_per_hr is not None]
     views = [{**public_view(m.pod), "rank": m.rank, "cluster_ip": m.ip} for m in ordered]
+    ups = [v["uptime_s"] for v in views if v["uptime_s"] is not None]
+    spent = [v["spent_usd"] for v in views if v["spent_usd"] is not None]
     ssh = primary.pod.ssh if primary is not None else None
     if ssh is None and cluster.primary_ssh:
         host, _, port = cluster.primary_ssh.rpartition(":")
@@ -133,6 +135,8 @@ def cluster_view(cluster: Cluster, members: list[Member]) -> dict[str, Any]:
         "status": str(cluster.status),
         "gpu": {"type": cluster.gpu.type, "count": cluster.gpu.count},
         "cost_per_hr": round(sum(costs), 4) if costs else None,
+        "uptime_s": max(ups) if ups else None,  # the longest-running node's
+        "spent_usd": round(sum(spent), 4) if spent else None,  # every node's since its start, an estimate
         "ssh": ssh,
         "ports": list(views[ordered.index(primary)]["ports"]) if primary is not None else [],
         "actions": ["terminate"],

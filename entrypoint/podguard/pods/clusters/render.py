@@ -7,10 +7,12 @@ print(cluster_details(cluster, members))
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from podguard.durations import format_duration
 from podguard.pods.clusters.model import Cluster, Member, cluster_view
 from podguard.pods.model import Pod
-from podguard.pods.render import _cost, _gpu, _printable
+from podguard.pods.render import TABLE_HEADER, _printable, aligned, pod_row
 
 __all__ = ["cluster_details", "listing_table"]
 
@@ -20,19 +22,28 @@ def _cluster_cost(cluster: Cluster, members: Sequence[Member]) -> str:
     return "-" if total is None else f"${total:.2f}/hr"
 
 
+def _uptime(view: dict[str, Any]) -> str:
+    return "-" if view["uptime_s"] is None else format_duration(view["uptime_s"])
+
+
+def _spent(view: dict[str, Any]) -> str:
+    return "-" if view["spent_usd"] is None else f"${view['spent_usd']:.2f}"
+
+
 def listing_table(pods: Sequence[Pod], clusters: Sequence[tuple[Cluster, Sequence[Member]]]) -> str:
-    """Pods, then one row per cluster (`4x 8x NVIDIA H100 ...`); members are not rows of their own."""
+    """Pods, then one row per cluster (`4 nodes x 8x NVIDIA H100 ...`); members are not rows of their own."""
     if not pods and not clusters:
         return "no pods"
-    rows = [("ID", "NAME", "STATUS", "GPU", "COST", "SSH")]
-    rows += [(p.id, _printable(p.name), str(p.status), _gpu(p), _cost(p), p.ssh or "-") for p in pods]
+    rows = [TABLE_HEADER, *(pod_row(p) for p in pods)]
     for cluster, members in clusters:
-        ssh = cluster_view(cluster, list(members))["ssh"] or "-"
+        view = cluster_view(cluster, list(members))
         gpu = f"{cluster.nodes} nodes x {cluster.gpu.count}x {cluster.gpu.type}"
         status = f"{cluster.status} ({cluster.running()}/{cluster.nodes})"
-        rows.append((cluster.id, _printable(cluster.name), status, gpu, _cluster_cost(cluster, members), ssh))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+        cost = _cluster_cost(cluster, members)
+        rows.append(
+            (cluster.id, _printable(cluster.name), status, gpu, cost, _uptime(view), _spent(view), view["ssh"] or "-")
+        )
+    return aligned(rows)
 
 
 def cluster_details(cluster: Cluster, members: Sequence[Member]) -> str:
@@ -44,6 +55,9 @@ def cluster_details(cluster: Cluster, members: Sequence[Member]) -> str:
         f"status:   {cluster.status}",
         f"gpu:      {cluster.gpu.count}x {cluster.gpu.type} per node",
         f"cost:     {_cluster_cost(cluster, members)}",
+        f"uptime:   {_uptime(view)}",
+        f"spent:    {_spent(view)}"
+        + (" (all nodes since their start, an estimate)" if view["spent_usd"] is not None else ""),
         f"ssh:      {view['ssh'] or '-'}",
     ]
     if cluster.data_center:
