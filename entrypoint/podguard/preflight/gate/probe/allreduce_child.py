@@ -36,6 +36,12 @@ def run(rank: int, world: int, store_path: str, backend: str, nbytes: int, targe
     from podguard.preflight.gate.probe.measure import timed
 
     if backend == "nccl":
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible < world:
+            build = torch.version.cuda or "no (CPU-only build)"
+            raise AllreduceFailure(
+                f"NCCL needs {world} visible GPUs, CUDA sees {visible} (torch {torch.__version__}, CUDA build: {build})"
+            )
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         name = torch.cuda.get_device_name(device)
