@@ -43,3 +43,33 @@ def test_doctor_on_a_cpu_node_and_a_mismatched_driver_explains_instead_of_crashi
     bad = doctor(nvml_node, tmp_path)
     assert bad.returncode == 0 and "version mismatch" in bad.stdout
     assert "Traceback" not in bad.stderr
+
+
+def test_doctor_table_puts_the_reason_next_to_a_degraded_gpu_and_shows_the_last_metrics(nvml_node, tmp_path):
+    nvml_node.write(sc.pcie_link(gpu=3, width=8))
+    program = tmp_path / "measure.py"
+    program.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        "print(json.dumps({'matmul_tflops': 700 + int(os.environ['PODGUARD_PROBE_GPU_INDEX']), 'h2d_gbps': 53.12}))\n"
+    )
+    program.chmod(0o755)
+    env = {**nvml_node.env, "PODGUARD_STATE_DIR": str(tmp_path / "state"), "PODGUARD_PROBE_CMD": str(program)}
+    health = subprocess.run(
+        [sys.executable, "-m", "podguard", "health", "--probe", "cuda", "--degraded", "warn"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert health.returncode == 0, health.stderr
+    proc = doctor(nvml_node, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()}
+    assert rows["3"].rstrip().endswith("degraded: PCIe link x8 of x16 (a narrow link: seat, riser or slot)")
+    assert "unhealthy" in rows["3"] and "x8/16 g5/5" in rows["3"] and " 703 " in rows["3"]
+    assert "healthy" in rows["2"] and "degraded" not in rows["2"] and "53.1" in rows["2"]
+    data = json.loads(doctor(nvml_node, tmp_path, "--json").stdout)
+    assert data["metrics"]["gpus"]["3"] == {"matmul_tflops": 703.0, "h2d_gbps": 53.12}
+    assert data["health"][3]["degraded"][0]["code"] == "pcie_width"
+    warned = doctor(nvml_node, tmp_path, PODGUARD_DEGRADED="exclude")
+    assert "GPU3 is degraded (degraded: PCIe link x8 of x16" in warned.stdout

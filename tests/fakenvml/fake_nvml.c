@@ -88,6 +88,9 @@ typedef struct {
     unsigned long long clock_events;
     unsigned int temp, temp_slowdown, temp_shutdown;
     unsigned int pcie_width, pcie_width_max;
+    unsigned int pcie_gen, pcie_gen_max;
+    unsigned int nvlink_links;     /* links the GPU has; 0: no NVLink (NOT_SUPPORTED) */
+    unsigned long long nvlink_down; /* bit i set: link i is inactive */
     unsigned int recovery_action;
     int lost;
     int n_fail;
@@ -243,6 +246,8 @@ static void gpu_defaults(gpu_t *g, int i) {
     g->temp_slowdown = 87;
     g->temp_shutdown = 92;
     g->pcie_width = g->pcie_width_max = 16;
+    g->pcie_gen = g->pcie_gen_max = 5;
+    g->nvlink_links = 18; /* H100 SXM: 18 NVLink 4 links */
 }
 
 static void add_fail(gpu_t *g, const char *field, nvmlReturn_t err) {
@@ -321,6 +326,10 @@ static void set_gpu_key(gpu_t *g, const char *k, const char *v) {
     else if (!strcmp(k, "temp_shutdown")) g->temp_shutdown = (unsigned int)num(v);
     else if (!strcmp(k, "pcie_width")) g->pcie_width = (unsigned int)num(v);
     else if (!strcmp(k, "pcie_width_max")) g->pcie_width_max = (unsigned int)num(v);
+    else if (!strcmp(k, "pcie_gen")) g->pcie_gen = (unsigned int)num(v);
+    else if (!strcmp(k, "pcie_gen_max")) g->pcie_gen_max = (unsigned int)num(v);
+    else if (!strcmp(k, "nvlink_links")) g->nvlink_links = (unsigned int)num(v);
+    else if (!strcmp(k, "nvlink_down")) g->nvlink_down = num(v);
     else if (!strcmp(k, "recovery_action")) g->recovery_action = (unsigned int)num(v);
     else if (!strcmp(k, "lost")) g->lost = (int)num(v);
     else if (!strcmp(k, "unsupported")) {
@@ -1190,8 +1199,57 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *ma
     API_RETURN(NVML_SUCCESS);
 }
 
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen) {
+    API_BEGIN();
+    DEVICE(device, "pcie_gen", 0, g);
+    if (!currLinkGen) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *currLinkGen = g->pcie_gen;
+    API_RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen) {
+    API_BEGIN();
+    DEVICE(device, "pcie_gen_max", 0, g);
+    if (!maxLinkGen) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *maxLinkGen = g->pcie_gen_max;
+    API_RETURN(NVML_SUCCESS);
+}
+
 /* ------------------------------------------------------------------------------------------------ */
-/* Field values (GPU recovery action)                                                                 */
+/* NVLink: per-link state (the old entry point; the field values below answer it in one call)        */
+/* ------------------------------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+    API_BEGIN();
+    DEVICE(device, "nvlink", 0, g);
+    if (!isActive) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!g->nvlink_links) API_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    if (link >= g->nvlink_links) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *isActive = (g->nvlink_down >> link) & 1ULL ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
+    API_RETURN(NVML_SUCCESS);
+}
+
+/* One NVLink field value: the link count, or one link's state (scopeId = the link). */
+static void nvlink_field(nvmlDevice_t device, const gpu_t *g, nvmlFieldValue_t *v) {
+    nvmlReturn_t c = device_check(device, "nvlink", 0, NULL);
+    v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    v->value.uiVal = 0;
+    if (c == NVML_SUCCESS && !g->nvlink_links) c = NVML_ERROR_NOT_SUPPORTED;
+    if (c == NVML_SUCCESS && v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+        v->value.uiVal = g->nvlink_links;
+    } else if (c == NVML_SUCCESS) { /* NVML_FI_DEV_NVLINK_GET_STATE */
+#ifdef FAKE_OLD_DRIVER
+        c = NVML_ERROR_NOT_SUPPORTED; /* a driver that predates the field: callers fall back per link */
+#else
+        if (v->scopeId >= g->nvlink_links) c = NVML_ERROR_INVALID_ARGUMENT;
+        else v->value.uiVal = (g->nvlink_down >> v->scopeId) & 1ULL ? NVML_NVLINK_STATE_INACTIVE : NVML_NVLINK_STATE_ACTIVE;
+#endif
+    }
+    v->nvmlReturn = c;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Field values (GPU recovery action, NVLink)                                                                 */
 /* ------------------------------------------------------------------------------------------------ */
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
@@ -1210,6 +1268,8 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
             v->nvmlReturn = c;
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.uiVal = c == NVML_SUCCESS ? g->recovery_action : 0;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT || v->fieldId == NVML_FI_DEV_NVLINK_GET_STATE) {
+            nvlink_field(device, g, v);
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }

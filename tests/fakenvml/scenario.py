@@ -61,6 +61,9 @@ FIELDS: frozenset[str] = frozenset(
         "temperature_threshold",
         "pcie_width",
         "pcie_width_max",
+        "pcie_gen",  # nvmlDeviceGetCurrPcieLinkGeneration
+        "pcie_gen_max",  # nvmlDeviceGetMaxPcieLinkGeneration
+        "nvlink",  # nvmlDeviceGetNvLinkState and the NVLink field values (link count, link state)
         "field_values",  # the whole nvmlDeviceGetFieldValues call
         "recovery_action",  # the NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field only
         "events",  # register events / supported event types
@@ -78,6 +81,7 @@ CLOCK_SW_POWER_CAP = 0x4
 CLOCK_HW_SLOWDOWN = 0x8
 CLOCK_SW_THERMAL = 0x20
 CLOCK_HW_THERMAL = 0x40
+CLOCK_HW_POWER_BRAKE = 0x80
 
 # NVML_GPU_RECOVERY_ACTION_*
 RECOVERY_NONE = 0
@@ -146,6 +150,10 @@ class GpuSpec:
     temperature_shutdown_c: int = 92
     pcie_width: int = 16
     pcie_width_max: int = 16
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    nvlink_links: int = 18  # NVLink links the GPU has (H100 SXM: 18); 0 = no NVLink (NOT_SUPPORTED)
+    nvlink_down: set[int] = field(default_factory=set)  # link ids that are inactive
     recovery_action: int = RECOVERY_NONE
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
@@ -199,6 +207,10 @@ class GpuSpec:
             "temp_shutdown": self.temperature_shutdown_c,
             "pcie_width": self.pcie_width,
             "pcie_width_max": self.pcie_width_max,
+            "pcie_gen": self.pcie_gen,
+            "pcie_gen_max": self.pcie_gen_max,
+            "nvlink_links": self.nvlink_links,
+            "nvlink_down": hex(sum(1 << link for link in self.nvlink_down)),
             "recovery_action": self.recovery_action,
             "lost": int(self.lost),
         }
@@ -299,7 +311,13 @@ class Scenario:
         """A deep-enough copy (GPU specs copied) so builders can derive scenarios safely."""
         dup = replace(self, **changes)  # type: ignore[arg-type]
         dup.gpus = [
-            replace(g, mig_devices=list(g.mig_devices), unsupported=set(g.unsupported), fail=dict(g.fail))
+            replace(
+                g,
+                mig_devices=list(g.mig_devices),
+                unsupported=set(g.unsupported),
+                fail=dict(g.fail),
+                nvlink_down=set(g.nvlink_down),
+            )
             for g in dup.gpus
         ]
         dup.procs = list(dup.procs)
@@ -428,6 +446,8 @@ def fields_unsupported(count: int = 2) -> Scenario:
             mem_reserved_mib=334,
             ecc=False,
             temperature_slowdown_c=90,
+            pcie_gen_max=4,
+            nvlink_links=0,
             unsupported=set(CONSUMER_UNSUPPORTED),
         )
         for i in range(count)
@@ -475,6 +495,51 @@ def slowdown_thermal_link(gpu: int = 0, count: int = 8) -> Scenario:
     return sc
 
 
+def clock_events(gpu: int = 0, events: int = CLOCK_GPU_IDLE | CLOCK_HW_SLOWDOWN, count: int = 8) -> Scenario:
+    """One GPU reports these clock event reasons (nvmlClocksEventReason* bits) while idle."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].clock_events = events
+    sc.description = f"clock event reasons {events:#x} on GPU {gpu}"
+    return sc
+
+
+def hot(gpu: int = 0, above_c: int = 0, count: int = 8) -> Scenario:
+    """One GPU at (or `above_c` degrees above) its slowdown temperature."""
+    sc = healthy_h100(count)
+    g = sc.gpus[gpu]
+    g.temperature_c = g.temperature_slowdown_c + above_c
+    sc.description = f"GPU {gpu} at {g.temperature_c}C (slowdown {g.temperature_slowdown_c}C)"
+    return sc
+
+
+def pcie_link(gpu: int = 0, width: int = 8, gen: int = 5, count: int = 8) -> Scenario:
+    """One GPU's PCIe link at `width` lanes and generation `gen` (maxima x16, gen 5). A low generation at idle
+    is normal power saving; a narrow width is a bad seat, riser or slot."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].pcie_width = width
+    sc.gpus[gpu].pcie_gen = gen
+    sc.description = f"GPU {gpu} PCIe x{width} gen {gen}"
+    return sc
+
+
+def nvlink_down(gpu: int = 0, links: tuple[int, ...] = (3,), count: int = 8) -> Scenario:
+    """Some NVLink links of one GPU are inactive (the other GPUs have all 18 up)."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].nvlink_down = set(links)
+    sc.description = f"NVLink link(s) {list(links)} down on GPU {gpu}"
+    return sc
+
+
+def without_nvlink(count: int = 8) -> Scenario:
+    """H100 PCIe cards: no NVLink at all (the NVLink queries answer NOT_SUPPORTED)."""
+    sc = healthy_h100(count)
+    for g in sc.gpus:
+        g.name = "NVIDIA H100 PCIe"
+        g.nvlink_links = 0
+    sc.description = f"{count}x H100 PCIe without NVLink"
+    return sc
+
+
 def recovery_action(gpu: int = 0, action: int = RECOVERY_GPU_RESET, count: int = 8) -> Scenario:
     """The driver asks for a recovery action (reset/reboot) on one GPU."""
     sc = healthy_h100(count)
@@ -508,4 +573,9 @@ STANDARD_SCENARIOS = {
     "slowdown_thermal_link": slowdown_thermal_link,
     "recovery_action": recovery_action,
     "xid": xid,
+    "clock_events": clock_events,
+    "hot": hot,
+    "pcie_link": pcie_link,
+    "nvlink_down": nvlink_down,
+    "without_nvlink": without_nvlink,
 }

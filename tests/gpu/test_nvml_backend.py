@@ -44,6 +44,7 @@ from fakenvml import (
     slowdown_thermal_link,
     version_mismatch,
     wait_until,
+    without_nvlink,
     xid,
 )
 from podguard.gpu.backend import ComputeMode, GpuBackend, GpuQueryError, NvmlFailure, NvmlUnavailable
@@ -281,6 +282,44 @@ def test_slowdown_thermal_and_pcie_link(nvml_node: NvmlNode) -> None:
     assert "hw_slowdown" in s.clock_event_names and "hw_thermal" in s.clock_event_names
     assert s.temperature_c == s.temperature_slowdown_c == 87
     assert (s.pcie_link_width, s.pcie_link_width_max) == (8, 16)
+
+
+def test_pcie_generation_and_nvlink_links(nvml_node: NvmlNode) -> None:
+    sc = healthy_h100(3)
+    sc.gpus[1].pcie_gen = 1  # power saving at idle
+    sc.gpus[2].nvlink_down = {0, 17}
+    nvml_node.write(sc)
+    backend = nvml_node.backend()
+    s0, s1, s2 = (backend.snapshot(i) for i in range(3))
+    assert (s0.pcie_link_gen, s0.pcie_link_gen_max, s1.pcie_link_gen) == (5, 5, 1)
+    assert (s0.nvlink_links, s0.nvlink_active, s2.nvlink_links, s2.nvlink_active) == (18, 18, 18, 16)
+    assert s0.errors == () and s2.errors == ()
+    nvml_node.write(without_nvlink(1))
+    s = backend.snapshot(0)
+    assert (s.nvlink_links, s.nvlink_active, s.errors) == (None, None, ())
+
+
+def test_nvlink_state_takes_one_field_values_call_and_none_without_nvlink(nvml_node: NvmlNode) -> None:
+    ctl = ctypes.CDLL(str(nvml_node.library))
+    ctl.fakeNvmlCallCount.restype = ctypes.c_ulonglong
+    nvml_node.write(healthy_h100(1))
+    backend = nvml_node.backend()
+    backend.snapshot(0)  # handles cached
+    start = ctl.fakeNvmlCallCount()
+    backend.snapshot(0)
+    with_nvlink = ctl.fakeNvmlCallCount() - start
+    nvml_node.write(without_nvlink(1))
+    start = ctl.fakeNvmlCallCount()
+    backend.snapshot(0)
+    assert with_nvlink - (ctl.fakeNvmlCallCount() - start) == 1  # 18 link states in one call, not 18 calls
+
+
+def test_nvlink_query_failures_are_unknown_not_down(nvml_node: NvmlNode) -> None:
+    sc = healthy_h100(1)
+    sc.gpus[0].fail = {"nvlink": "NO_PERMISSION"}
+    nvml_node.write(sc)
+    s = nvml_node.backend().snapshot(0)
+    assert (s.nvlink_links, s.nvlink_active, s.errors) == (None, None, ())
 
 
 def test_recovery_action(nvml_node: NvmlNode) -> None:
@@ -523,6 +562,7 @@ def test_old_driver_without_newer_symbols(nvml_node: NvmlNode, fake_nvml_old: Fa
     assert g0["memory_used"] == 530 * MIB  # v1 folds the reserved memory into "used"
     assert g0["clock_event_reasons"] == 1
     assert g0["mig_enabled"] is None and g0["ecc"]["remap_pending"] is None
+    assert (g0["nvlink_links"], g0["nvlink_active"]) == (18, 18)  # per-link state calls: no link-state field
     assert g1["processes"] == [{"pid": NONEXISTENT_PID, "used_memory": 256 * MIB, "kind": "compute", "mig": None}]
 
 

@@ -14,7 +14,16 @@ from podguard.errors import ExitCode
 from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
 
 SELECT = ("gpu_list", "nproc_per_node", "expect_gpus", "on_fewer", "require_gpu")
-GATE = ("idle_memory_mib", "probe", "probe_cmd", "probe_timeout_s", "max_temperature_margin_c", "fail_on_warnings")
+GATE = (
+    "idle_memory_mib",
+    "probe",
+    "probe_cmd",
+    "probe_timeout_s",
+    "max_temperature_margin_c",
+    "fail_on_warnings",
+    "degraded",
+    "slow_ratio",
+)
 CLEANUP = ("dry_run", "gpu_list", "busy_timeout_s", "grace_s", "protect", "kill_patterns", "idle_memory_mib")
 WHERE = ("state_dir", "dev_dir")
 
@@ -56,7 +65,7 @@ def cleanup(opts: PreflightOptions, as_json: Json = False) -> None:
     _finish(run_preflight(opts), as_json)
 
 
-@options(PREFLIGHT, WHERE, into="opts", command="doctor", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
+@options(PREFLIGHT, (*WHERE, "degraded"), into="opts", command="doctor", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
 def doctor(opts: PreflightOptions, as_json: Json = False) -> None:
     """Everything a person needs when something is wrong: driver, GPUs, holders, health, env, recommendations."""
     from podguard.preflight.doctor import collect, render

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from podguard.cli.params import Group, Param, choice, count, parse_int, seconds, whole, words
+from podguard.cli.params import Group, Param, choice, count, parse_int, ratio, seconds, whole, words
 from podguard.errors import UsageError
 from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
-from podguard.preflight.options import OnFewer, PreflightOptions, ProbeMode
+from podguard.preflight.options import DegradedPolicy, OnFewer, PreflightOptions, ProbeMode
 
 __all__ = ["LAUNCH", "PREFLIGHT"]
 
@@ -98,10 +98,11 @@ PREFLIGHT = Group(
         ),
         "probe": Param(
             ("--probe",),
-            "Health probe: cuda (a child allocates and runs a matmul on each GPU), off (NVML only), auto.",
+            "Health probe: cuda (a child per GPU runs a checked matmul and measures matmul/memory/host-copy speed), "
+            "full (cuda plus one all-reduce across the GPUs), off (NVML only), auto.",
             type=str,
             parse=choice(ProbeMode, "PODGUARD_PROBE"),
-            metavar="auto|cuda|off",
+            metavar="auto|cuda|full|off",
         ),
         "probe_cmd": Param(
             ("--probe-cmd",), "Your own probe program, run per GPU with only that GPU visible (exit 0 = healthy)."
@@ -124,8 +125,25 @@ PREFLIGHT = Group(
         ),
         "fail_on_warnings": Param(
             ("--fail-on-warnings",),
-            "Treat gate warnings (slowdown, temperature, PCIe width, ECC off) as failures (76).",
+            "Treat gate warnings (ECC off, corrected ECC errors, degraded GPUs under --degraded warn) as failures.",
             type=bool,
+        ),
+        "degraded": Param(
+            ("--degraded",),
+            "A degraded GPU (hardware slowdown, at slowdown temperature, narrow PCIe link, NVLink down, slow): "
+            "fail (76), warn (pass with a warning), exclude (run on the rest when they still meet the count).",
+            ("PODGUARD_DEGRADED",),
+            type=str,
+            parse=choice(DegradedPolicy, "PODGUARD_DEGRADED"),
+            metavar="fail|warn|exclude",
+        ),
+        "slow_ratio": Param(
+            ("--slow-ratio",),
+            "A probe metric below this fraction of the node's median (or below its model's floor) is a slow GPU.",
+            ("PODGUARD_SLOW_RATIO",),
+            type=str,
+            parse=ratio("PODGUARD_SLOW_RATIO"),
+            metavar="RATIO",
         ),
         "wait_for_gpus": Param(
             ("--wait-for-gpus",),

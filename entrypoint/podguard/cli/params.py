@@ -31,7 +31,9 @@ __all__ = [
     "count",
     "options",
     "parse_int",
+    "parse_ratio",
     "parse_seconds",
+    "ratio",
     "seconds",
     "whole",
     "words",
@@ -72,6 +74,21 @@ def parse_int(raw: Any, name: str, minimum: int = 0, maximum: int | None = None)
         bound = f">= {minimum}" if maximum is None else f"{minimum}-{maximum}"
         raise UsageError(f"{name}={value} is not valid; expected an integer {bound}")
     return value
+
+
+def parse_ratio(raw: Any, name: str) -> float:
+    """A fraction in (0, 1]."""
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number; expected a fraction > 0 and <= 1, e.g. 0.8") from None
+    if not 0 < value <= 1:
+        raise UsageError(f"{name}={raw} is not valid; expected a fraction > 0 and <= 1, e.g. 0.8")
+    return value
+
+
+def ratio(name: str) -> Callable[[Any], float]:
+    return lambda raw: parse_ratio(raw, name)
 
 
 def seconds(name: str) -> Callable[[Any], float]:

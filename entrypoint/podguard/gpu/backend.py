@@ -162,6 +162,10 @@ class GpuSnapshot(Record):
     temperature_slowdown_c: int | None = None
     pcie_link_width: int | None = None
     pcie_link_width_max: int | None = None
+    pcie_link_gen: int | None = None  # drops at idle by design (power saving): shown, never judged
+    pcie_link_gen_max: int | None = None
+    nvlink_links: int | None = None  # NVLink links the GPU has; None: no NVLink (or not reported)
+    nvlink_active: int | None = None  # of those, how many are up
     recovery_action: str | None = None  # None / "none" / "reset" / "reboot" / "drain_p2p" ...
     lost: bool = False  # NVML said GPU_IS_LOST for this device
     errors: tuple[str, ...] = ()  # queries that failed unexpectedly (not merely unsupported)

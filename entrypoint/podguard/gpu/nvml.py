@@ -31,11 +31,14 @@ from podguard.gpu.backend import (
 from podguard.gpu.nvml_support import (
     COMPUTE_MODES,
     ENV_LIBRARY,
+    NVLINK_UP_STATES,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_FEATURE_ENABLED,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    NVML_FI_DEV_NVLINK_GET_STATE,
+    NVML_FI_DEV_NVLINK_LINK_COUNT,
     NVML_SUCCESS,
     RECOVERY_ACTIONS,
     VALUE_MEMBERS,
@@ -54,6 +57,14 @@ if TYPE_CHECKING:
     import threading
 
 __all__ = ["ENV_LIBRARY", "NvmlBackend", "classify_init_error", "format_cuda_version"]
+
+
+def _field_uint(value: Any) -> int | None:
+    """An nvmlFieldValue_t's integer value, or None when its query failed."""
+    if value.nvmlReturn != NVML_SUCCESS:
+        return None
+    member = VALUE_MEMBERS.get(int(value.valueType))
+    return None if member is None else int(getattr(value.value, member))
 
 
 class NvmlBackend:
@@ -160,6 +171,7 @@ class NvmlBackend:
             ("nvmlDeviceGetCurrentClocksEventReasons", h),
             ("nvmlDeviceGetCurrentClocksThrottleReasons", h),
         )
+        recovery, nvlink_links = self._field_values(h, r)
         return GpuSnapshot(
             index=index,
             name=text_of(r.call("name", "nvmlDeviceGetName", h)),
@@ -189,7 +201,11 @@ class NvmlBackend:
             ),
             pcie_link_width=r.call("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", h),
             pcie_link_width_max=r.call("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", h),
-            recovery_action=self._recovery_action(h, r),
+            pcie_link_gen=r.call("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_link_gen_max=r.call("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", h),
+            nvlink_links=nvlink_links,
+            nvlink_active=self._nvlink_active(h, r, nvlink_links) if nvlink_links else None,
+            recovery_action=recovery,
             lost=r.lost,
             errors=tuple(r.errors),
             unknown=unknown_fields(r, memory[1], processes),
@@ -295,12 +311,20 @@ class NvmlBackend:
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
         )
 
-    def _recovery_action(self, h: Any, r: Reader) -> str | None:
+    def _field_values(self, h: Any, r: Reader) -> tuple[str | None, int | None]:
+        """(recovery action, NVLink link count) in one nvmlDeviceGetFieldValues call. A GPU without NVLink
+        answers NOT_SUPPORTED for the link count: None, not an error."""
         field_id = getattr(self._nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
-        values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field_id])
+        values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field_id, NVML_FI_DEV_NVLINK_LINK_COUNT])
         if not values:
-            return None
-        value = values[0]
+            return None, None
+        recovery = self._recovery_action(values[0], r)
+        links = _field_uint(values[1]) if len(values) > 1 else None
+        if links is None and len(values) > 1:
+            r.failures["nvlink"] = error_name(int(values[1].nvmlReturn))
+        return recovery, links or None
+
+    def _recovery_action(self, value: Any, r: Reader) -> str | None:
         if value.nvmlReturn != NVML_SUCCESS:
             r.code("recovery_action", int(value.nvmlReturn))
             return None
@@ -309,6 +333,22 @@ class NvmlBackend:
             return None
         action = int(getattr(value.value, member))
         return RECOVERY_ACTIONS.get(action, f"unknown_{action}")
+
+    def _nvlink_active(self, h: Any, r: Reader, links: int) -> int | None:
+        """How many of the GPU's `links` NVLink links are up: one field-values call (a state per link), else
+        (drivers without that field) one nvmlDeviceGetNvLinkState call per link. None when neither answers."""
+        fields = [(NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
+        values = r.call("nvlink", "nvmlDeviceGetFieldValues", h, fields) or ()
+        states = [_field_uint(v) for v in values]
+        if states and all(s is not None for s in states):
+            return sum(1 for s in states if s in NVLINK_UP_STATES)
+        up = 0
+        for link in range(links):
+            state = r.call("nvlink", "nvmlDeviceGetNvLinkState", h, link)
+            if state is None:
+                return None
+            up += int(state == NVML_FEATURE_ENABLED)
+        return up
 
     # -- cheap polls -----------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any
 from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
+from podguard.preflight.doctor_table import gpu_table
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
 from podguard.preflight.options import PreflightOptions
 from podguard.records import to_data
@@ -65,6 +66,7 @@ RUNPOD_VARS = (
 )
 SECRET_VARS = ("RUNPOD_API_KEY", "PUBLIC_KEY", "HF_TOKEN", "WANDB_API_KEY")
 SHM_MINIMUM = 1 * GIB  # Docker's default 64 MiB /dev/shm breaks NCCL and DataLoader workers
+METRIC_REPORTS = 20  # how many recent reports to look through for the last measured probe metrics
 
 
 def _meminfo() -> dict[str, int]:
@@ -138,6 +140,25 @@ def _latest_report(base: Path) -> dict[str, Any] | None:
     }
 
 
+def _last_metrics(base: Path, snaps: list[GpuSnapshot]) -> dict[str, Any]:
+    """Probe metrics of the newest recent report that has any, per GPU index (matched by UUID: a report from
+    before a pod moved machines says nothing about these GPUs)."""
+    uuids = {s.uuid: s.index for s in snaps if s.uuid}
+    try:
+        paths = sorted((base / "reports").glob("[0-9]*.json"), reverse=True)[:METRIC_REPORTS]
+    except OSError:
+        return {}
+    for path in paths:
+        try:
+            gpus = json.loads(path.read_text()).get("gpus") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+        found = {str(uuids[g["uuid"]]): g["metrics"] for g in gpus if g.get("metrics") and g.get("uuid") in uuids}
+        if found:
+            return {"report": str(path), "gpus": found}
+    return {}
+
+
 def collect(opts: PreflightOptions) -> dict[str, Any]:
     """Gather everything; every section degrades to an explanation instead of failing."""
     data: dict[str, Any] = {"podguard_version": __version__}
@@ -158,9 +179,8 @@ def collect(opts: PreflightOptions) -> dict[str, Any]:
         finally:
             backend.close()
     data["gpus"] = [s.to_dict() for s in snaps]
-    gate = judge_all(
-        [scope_to_mig(s) for s in snaps], GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c)
-    )
+    thresholds = GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c, degraded_policy=opts.degraded)
+    gate = judge_all([scope_to_mig(s) for s in snaps], thresholds)
     data["health"] = [v.to_dict() for v in gate.verdicts]
     env = os.environ
     data["distributed_env"] = redact_env({k: env[k] for k in DISTRIBUTED_VARS if k in env})
@@ -171,8 +191,10 @@ def collect(opts: PreflightOptions) -> dict[str, Any]:
         base = state_dir(opts.state_dir)
         data["state_dir"] = str(base)
         data["last_preflight"] = _latest_report(base)
+        data["metrics"] = _last_metrics(base, snaps)
     except Exception as exc:
         data["state_dir"] = f"unusable: {exc}"
+        data["metrics"] = {}
     data["recommendations"] = recommend(data, snaps)
     return data
 
@@ -199,6 +221,11 @@ def recommend(data: dict[str, Any], snaps: list[GpuSnapshot]) -> list[str]:
             recs.append(
                 f"GPU{verdict['index']}: {'; '.join(verdict['reasons'])}: run podguard where NVML may read process "
                 "lists and memory (privileged, or select MIG devices), or check the driver"
+            )
+        elif verdict["verdict"] == "excluded":
+            recs.append(
+                f"GPU{verdict['index']} is degraded ({'; '.join(verdict['reasons'])}): --degraded exclude leaves it "
+                "out; stop and start the pod or move machines to get all GPUs at full speed"
             )
         elif verdict["verdict"] == "busy":
             recs.append(f"GPU{verdict['index']} is busy ({'; '.join(verdict['reasons'])}): run `podguard cleanup`")
@@ -275,6 +302,10 @@ def render(data: dict[str, Any]) -> str:
         out.append(f"NVML unavailable ({nvml.get('failure')}): {nvml.get('message')}")
     health = {h["index"]: h for h in data.get("health", [])}
     holders = (data.get("holders") or {}).get("gpus", {})
+    if data.get("gpus"):
+        measured = data.get("metrics") or {}
+        out.extend(gpu_table(data["gpus"], data.get("health", []), measured.get("gpus") or {}))
+        out.append(f"metrics: {measured['report']}" if measured else "metrics: none measured yet (PODGUARD_PROBE=cuda)")
     for gpu in data.get("gpus", []):
         out.extend(_render_gpu(gpu, health.get(gpu["index"], {}), holders))
     if (data.get("holders") or {}).get("foreign"):

@@ -13,13 +13,15 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import DEFAULT_GRACE_S, UsageError
+from podguard.preflight.gate.degraded import DegradedPolicy
 
-__all__ = ["DEFAULT_GRACE_S", "OnFewer", "PreflightOptions", "ProbeMode", "validate_options"]
+__all__ = ["DEFAULT_GRACE_S", "DegradedPolicy", "OnFewer", "PreflightOptions", "ProbeMode", "validate_options"]
 
 
 class ProbeMode(StrEnum):
     AUTO = "auto"  # cuda where torch with CUDA is importable in a child, else off
-    CUDA = "cuda"
+    CUDA = "cuda"  # per GPU, in parallel: checked matmul, matmul_tflops, mem_gbps, h2d_gbps
+    FULL = "full"  # cuda, then one all-reduce across the selected GPUs: allreduce_busbw_gbps
     OFF = "off"
 
 
@@ -54,6 +56,8 @@ class PreflightOptions:
     xid_window_s: float = 0.0  # extra time to watch XID events when no probe runs
     max_temperature_margin_c: int = 0  # warn when temperature >= slowdown - margin
     fail_on_warnings: bool = False
+    degraded: DegradedPolicy = DegradedPolicy.FAIL  # what a degraded GPU does: fail (76), warn, exclude
+    slow_ratio: float = 0.8  # a probe metric below this x the node's median is a slow GPU
     # where
     state_dir: Path | None = None
     dev_dir: Path = Path("/dev")
@@ -71,6 +75,11 @@ def validate_options(opts: PreflightOptions) -> None:
     if probe not in ProbeMode.__members__.values():
         valid = ", ".join(m.value for m in ProbeMode)
         raise UsageError(f"PODGUARD_PROBE={probe!r} is not valid; choose one of: {valid}")
+    if str(opts.degraded) not in DegradedPolicy.__members__.values():
+        valid = ", ".join(m.value for m in DegradedPolicy)
+        raise UsageError(f"PODGUARD_DEGRADED={str(opts.degraded)!r} is not valid; choose one of: {valid}")
+    if not 0 < opts.slow_ratio <= 1:
+        raise UsageError(f"PODGUARD_SLOW_RATIO={opts.slow_ratio:g} is not valid; expected a number > 0 and <= 1")
     if str(opts.on_fewer) not in OnFewer.__members__.values():
         valid = ", ".join(m.value for m in OnFewer)
         raise UsageError(f"on-fewer-gpus={str(opts.on_fewer)!r} is not valid; choose one of: {valid}")

@@ -22,8 +22,8 @@ from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.gpu.selected import Selection
 from podguard.preflight.gate.rules import Finding, GateResult, Verdict
-from podguard.preflight.options import PreflightOptions, validate_options
-from podguard.preflight.selection import mig_scope, select_for, select_gpus
+from podguard.preflight.options import OnFewer, PreflightOptions, validate_options
+from podguard.preflight.selection import mig_scope, parse_count, select_for, select_gpus
 from podguard.records import to_data
 from podguard.report import Timings, format_summary, verdict_word, write_report
 from podguard.state import state_dir
@@ -307,8 +307,55 @@ class Preflight:
         self.gate = gate
         self.timings.mark("gate", t)
         self.payload["gate"] = gate.to_dict()
+        self.payload["gpus"] = self._gpu_records(gate)
         self.exit_code = gate.exit_code
         self.message = self._message(gate)
+        if gate.excluded and self.exit_code == ExitCode.OK:
+            self._exclude(gate)
+
+    def _gpu_records(self, gate: GateResult) -> list[dict[str, Any]]:
+        """`gpus[]` of the report: each judged GPU's verdict, probe metrics and degraded findings, as data."""
+        names = {s.index: s.name for s in self.inventory}
+        return [
+            {
+                "index": v.index,
+                "uuid": v.uuid,
+                "name": names.get(v.index),
+                "verdict": v.verdict.value,
+                "metrics": dict(v.probe.metrics) if v.probe is not None else {},
+                "degraded": [d.to_dict() for d in v.degraded],
+            }
+            for v in gate.verdicts
+        ]
+
+    def _exclude(self, gate: GateResult) -> None:
+        """--degraded exclude: run on the GPUs left when they still meet NPROC_PER_NODE and the expected count
+        (RUNPOD_GPU_COUNT / --expect-gpus), or --on-fewer-gpus continue says so; else 69. Excluded GPUs stay
+        leased for the run: no other podguard run lands on them meanwhile."""
+        assert self.selection is not None
+        selection, opts = self.selection, self.opts
+        out = {v.index for v in gate.excluded}
+        why = "; ".join(f"GPU{v.index} {', '.join(d.text for d in v.degraded)}" for v in gate.excluded)
+        rest = tuple(g for g in selection.gpus if g.index not in out)
+        left = len({g.index for g in rest})
+        nproc = parse_count(opts.nproc_per_node, "NPROC_PER_NODE", minimum=1)
+        short = []
+        if nproc is not None and left < nproc:
+            short.append(f"NPROC_PER_NODE={nproc}")
+        if selection.expected and selection.inventory_count - len(out) < selection.expected:
+            short.append(f"the expected {selection.expected} GPUs (RUNPOD_GPU_COUNT / --expect-gpus)")
+        excluded = f"excluded degraded GPU(s) {_ids(sorted(out))} ({why})"
+        if not left or (short and opts.on_fewer == OnFewer.FAIL):
+            needs = " and ".join(short) if short else "at least one GPU"
+            self.exit_code = ExitCode.GPUS_MISSING
+            self.message = f"{excluded}: {left} GPU(s) left, fewer than {needs} needs"
+            return
+        if short:
+            self.payload["warnings"].append(
+                f"FEWER GPUS THAN EXPECTED: {' and '.join(short)}; continuing with {left} (--on-fewer-gpus continue)"
+            )
+        self.payload["warnings"].append(f"{excluded}; running on GPU(s) {_ids(sorted({g.index for g in rest}))}")
+        self.selection = replace(selection, gpus=rest)
 
     # -- verdict and report --------------------------------------------------------------------------
 
@@ -342,6 +389,16 @@ class Preflight:
             recs.append(
                 f"GPU(s) {_ids(gate.indices(Verdict.UNHEALTHY))} failed the health check: exclude them with GPU_LIST, "
                 "or stop and start the pod (`podguard pod heal`), or move to another machine"
+            )
+            if gate.has(Finding.DEGRADED):
+                recs.append(
+                    "a degraded GPU works but slows every rank down: --degraded exclude runs on the others, "
+                    "--degraded warn runs on all of them anyway"
+                )
+        if self.exit_code == ExitCode.GPUS_MISSING and gate is not None and gate.excluded:
+            recs.append(
+                "too few GPUs left after excluding the degraded ones: lower NPROC_PER_NODE, use --on-fewer-gpus "
+                "continue, or move to another machine (`podguard pod heal --replace`)"
             )
         if self.cleanup is not None:
             recs.extend(self.cleanup.recommendations)  # printed, not only stored

@@ -70,18 +70,13 @@ def test_unhealthy_wins_over_busy_and_sets_exit_76():
 
 
 def test_warnings_do_not_fail_unless_asked():
-    warm = h100(
-        0,
-        temperature_c=88,
-        clock_event_names=("hw_slowdown",),
-        pcie_link_width=8,
-        ecc=EccState(enabled=False),
-    )
-    v = judge(warm, T)
-    assert v.verdict is Verdict.HEALTHY
+    warm = h100(0, temperature_c=84, ecc=EccState(enabled=False, corrected_volatile=3))
+    v = judge(warm, GateThresholds(temperature_margin_c=5))
+    assert v.verdict is Verdict.HEALTHY and not v.degraded
     text = " ".join(v.warnings)
-    for needle in ("hardware slowdown while idle", "slowdown threshold", "PCIe link x8", "ECC is disabled"):
+    for needle in ("within 5C of its slowdown threshold 87C", "ECC is disabled", "3 corrected volatile ECC"):
         assert needle in text
+    assert not judge(warm, T).warnings[0].startswith("temperature")  # no margin: no temperature warning
     strict = judge(warm, GateThresholds(fail_on_warnings=True))
     assert strict.verdict is Verdict.UNHEALTHY
 

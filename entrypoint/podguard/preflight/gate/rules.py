@@ -3,18 +3,21 @@
     verdict = judge(snapshot, GateThresholds(idle_memory_mib=512), probe=ProbeEvidence(ok=True))
     verdict.verdict, verdict.findings   # Verdict.BUSY, (Finding.PHANTOM_MEMORY,)
 
-Pure functions, no I/O. Priority: unhealthy (76) > in use by its own job (pass) > unknown (75) > busy (75)
-> healthy. Warnings never fail the gate unless asked. Why each rule: docs/gate.md.
+Pure functions, no I/O. Priority: unhealthy (76) > degraded (by policy: unhealthy, excluded or a warning) >
+in use by its own job (pass) > unknown (75) > busy (75) > healthy. Warnings never fail the gate unless asked.
+Why each rule: docs/gate.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from podguard.errors import ExitCode
 from podguard.gpu.backend import ComputeMode, GpuSnapshot, XidEvent
+from podguard.preflight.gate.degraded import Degraded, DegradedPolicy
+from podguard.preflight.gate.nvml_degraded import node_degraded
 from podguard.records import Record
 from podguard.units import MIB
 
@@ -61,6 +64,7 @@ class Verdict(StrEnum):
     BUSY = "busy"
     UNKNOWN = "unknown"  # NVML cannot tell whether it is free: never a pass
     UNHEALTHY = "unhealthy"
+    EXCLUDED = "excluded"  # degraded, and --degraded exclude leaves it out of the selection
 
 
 class Finding(StrEnum):
@@ -82,6 +86,8 @@ class Finding(StrEnum):
     PROBE_BUSY = "probe_busy"
     UNKNOWN = "unknown"  # a memory or process query NVML could not answer
     LEASED_BY_JOB = "leased_by_job"
+    DEGRADED = "degraded"  # works, but would slow the job down (GpuVerdict.degraded says how)
+    ALLREDUCE_FAILED = "allreduce_failed"  # PODGUARD_PROBE=full: the node's all-reduce did not complete
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class GateThresholds:
     idle_memory_mib: int = 512  # memory used at or below this (no processes) counts as idle
     temperature_margin_c: int = 0  # warn when temperature >= slowdown threshold - margin
     fail_on_warnings: bool = False
+    degraded_policy: DegradedPolicy = DegradedPolicy.FAIL
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class ProbeEvidence(Record):
     reason: str = ""
     duration_ms: float | None = None
     busy: bool = False  # the probe failed because the GPU is in use (busy / out of memory), not broken
+    metrics: dict[str, float] = field(default_factory=dict)  # matmul_tflops, mem_gbps, h2d_gbps, ...
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class GpuVerdict(Record):
     warnings: tuple[str, ...] = ()
     probe: ProbeEvidence | None = None
     findings: tuple[Finding, ...] = ()
+    degraded: tuple[Degraded, ...] = ()  # why it would slow the job down, whatever the policy made of it
 
     @property
     def passes(self) -> bool:
@@ -126,6 +135,7 @@ class GpuVerdict(Record):
 class GateResult(Record):
     verdicts: tuple[GpuVerdict, ...]
     xids: tuple[XidEvent, ...] = field(default=())
+    allreduce: dict[str, object] | None = None  # PODGUARD_PROBE=full: the node's all-reduce (ok, busbw, reason)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -141,6 +151,10 @@ class GateResult(Record):
 
     def has(self, finding: Finding) -> bool:
         return any(finding in v.findings for v in self.verdicts)
+
+    @property
+    def excluded(self) -> list[GpuVerdict]:
+        return [v for v in self.verdicts if v.verdict is Verdict.EXCLUDED]
 
 
 def scope_to_mig(gpu: GpuSnapshot, mig_uuids: Iterable[str] = ()) -> GpuSnapshot:
@@ -217,18 +231,13 @@ def occupancy(gpu: GpuSnapshot, idle_memory_mib: int) -> list[Issue]:
 
 
 def warnings_for(gpu: GpuSnapshot, thresholds: GateThresholds) -> list[str]:
+    """What a person should know that does not slow the job (degraded conditions: gate/nvml_degraded.py)."""
     warnings: list[str] = []
-    hw_slow = [n for n in gpu.clock_event_names if n in ("hw_slowdown", "hw_thermal", "hw_power_brake")]
-    if hw_slow and not gpu.utilization_gpu:
-        warnings.append(f"hardware slowdown while idle ({', '.join(hw_slow)})")
-    temp, slowdown = gpu.temperature_c, gpu.temperature_slowdown_c
-    if temp is not None and slowdown is not None and temp >= slowdown - thresholds.temperature_margin_c:
-        warnings.append(f"temperature {temp}C at/above slowdown threshold {slowdown}C")
+    temp, slowdown, margin = gpu.temperature_c, gpu.temperature_slowdown_c, thresholds.temperature_margin_c
+    if temp is not None and slowdown is not None and margin > 0 and slowdown - margin <= temp < slowdown:
+        warnings.append(f"temperature {temp}C within {margin}C of its slowdown threshold {slowdown}C")
     if gpu.ecc.enabled is False:
         warnings.append("ECC is disabled")
-    width, width_max = gpu.pcie_link_width, gpu.pcie_link_width_max
-    if width is not None and width_max is not None and width < width_max:
-        warnings.append(f"PCIe link x{width} below its maximum x{width_max}")
     if gpu.ecc.corrected_volatile:
         warnings.append(f"{gpu.ecc.corrected_volatile} corrected volatile ECC error(s)")
     warnings.extend(f"NVML query failed: {e}" for e in gpu.errors)
@@ -236,10 +245,16 @@ def warnings_for(gpu: GpuSnapshot, thresholds: GateThresholds) -> list[str]:
 
 
 def _verdict(
-    gpu: GpuSnapshot, verdict: Verdict, issues: Sequence[Issue], warnings: Sequence[str], probe: ProbeEvidence | None
+    gpu: GpuSnapshot,
+    verdict: Verdict,
+    issues: Sequence[Issue],
+    warnings: Sequence[str],
+    probe: ProbeEvidence | None,
+    degraded: Sequence[Degraded] = (),
 ) -> GpuVerdict:
     findings = tuple(dict.fromkeys(i.finding for i in issues))
-    return GpuVerdict(gpu.index, gpu.uuid, verdict, tuple(i.text for i in issues), tuple(warnings), probe, findings)
+    texts = tuple(i.text for i in issues)
+    return GpuVerdict(gpu.index, gpu.uuid, verdict, texts, tuple(warnings), probe, findings, tuple(degraded))
 
 
 def judge(
@@ -249,9 +264,13 @@ def judge(
     probe: ProbeEvidence | None = None,
     xids: Iterable[XidEvent] = (),
     in_use_by: str | None = None,
+    degraded: Sequence[Degraded] = (),
+    node_problem: str | None = None,
 ) -> GpuVerdict:
     """The verdict for one GPU. `in_use_by` names the live podguard run leasing it (its own job is on it:
-    only hardware, XIDs and the probe count then)."""
+    only hardware, XIDs and the probe count then). `degraded`: why it would slow the job down (NVML and
+    slow-probe findings); `thresholds.degraded_policy` decides what they do. `node_problem`: a failure of
+    the node's all-reduce this GPU took part in."""
     xids = [e for e in xids if e.gpu_index == gpu.index]
     problems = hardware_problems(gpu)
     problems += [
@@ -261,26 +280,34 @@ def judge(
     ]
     if probe is not None and not probe.ok and not probe.busy:
         problems.append(Issue(Finding.PROBE_FAILED, f"probe failed: {probe.reason}"))
+    if node_problem:
+        problems.append(Issue(Finding.ALLREDUCE_FAILED, node_problem))
     warnings = warnings_for(gpu, thresholds)
     warnings += [f"XID {e.xid} during the gate window (application-level)" for e in xids if e.xid not in HARDWARE_XIDS]
-    if problems:
-        return _verdict(gpu, Verdict.UNHEALTHY, problems, warnings, probe)
+    policy = thresholds.degraded_policy
+    slow = [Issue(Finding.DEGRADED, f"degraded: {d.text}") for d in degraded]
+    if policy is DegradedPolicy.WARN:
+        warnings += [i.text for i in slow]
+    if problems or (slow and policy is DegradedPolicy.FAIL):
+        extra = slow if policy is DegradedPolicy.FAIL else []
+        return _verdict(gpu, Verdict.UNHEALTHY, [*problems, *extra], warnings, probe, degraded)
+    if slow and policy is DegradedPolicy.EXCLUDE:
+        return _verdict(gpu, Verdict.EXCLUDED, slow, warnings, probe, degraded)
     if in_use_by is not None:
-        return _verdict(
-            gpu, Verdict.IN_USE, [Issue(Finding.LEASED_BY_JOB, f"in use by its job: {in_use_by}")], warnings, probe
-        )
+        leased = [Issue(Finding.LEASED_BY_JOB, f"in use by its job: {in_use_by}")]
+        return _verdict(gpu, Verdict.IN_USE, leased, warnings, probe, degraded)
     unknown = unknowns(gpu)
     if unknown:
-        return _verdict(gpu, Verdict.UNKNOWN, unknown, warnings, probe)
+        return _verdict(gpu, Verdict.UNKNOWN, unknown, warnings, probe, degraded)
     busy = occupancy(gpu, thresholds.idle_memory_mib)
     if probe is not None and not probe.ok and probe.busy:
         busy.append(Issue(Finding.PROBE_BUSY, f"probe could not use it: {probe.reason}"))
     if busy:
-        return _verdict(gpu, Verdict.BUSY, busy, warnings, probe)
+        return _verdict(gpu, Verdict.BUSY, busy, warnings, probe, degraded)
     if warnings and thresholds.fail_on_warnings:
         strict = [Issue(Finding.WARNING_AS_FAILURE, f"warning treated as failure: {w}") for w in warnings]
-        return _verdict(gpu, Verdict.UNHEALTHY, strict, warnings, probe)
-    return _verdict(gpu, Verdict.HEALTHY, [], warnings, probe)
+        return _verdict(gpu, Verdict.UNHEALTHY, strict, warnings, probe, degraded)
+    return _verdict(gpu, Verdict.HEALTHY, [], warnings, probe, degraded)
 
 
 def judge_all(
@@ -290,10 +317,25 @@ def judge_all(
     probes: dict[int, ProbeEvidence] | None = None,
     xids: Sequence[XidEvent] = (),
     in_use: dict[int, str] | None = None,
+    degraded: Mapping[int, Sequence[Degraded]] | None = None,
+    node_problems: Mapping[int, str] | None = None,
 ) -> GateResult:
+    """Every GPU's verdict. NVML's degraded findings are found here (NVLink needs the peers); `degraded` adds
+    others (slow probe metrics) per GPU; `node_problems` a node-level failure per GPU it concerns."""
     probes = probes or {}
     in_use = in_use or {}
+    found = node_degraded(gpus)
+    extra = degraded or {}
     verdicts = tuple(
-        judge(g, thresholds, probe=probes.get(g.index), xids=xids, in_use_by=in_use.get(g.index)) for g in gpus
+        judge(
+            g,
+            thresholds,
+            probe=probes.get(g.index),
+            xids=xids,
+            in_use_by=in_use.get(g.index),
+            degraded=(*found.get(g.index, ()), *extra.get(g.index, ())),
+            node_problem=(node_problems or {}).get(g.index),
+        )
+        for g in gpus
     )
     return GateResult(verdicts, tuple(xids))

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,19 @@ from podguard.errors import UsageError
 from podguard.preflight.gate.probe.deathsig import dying_with
 from podguard.records import Record
 
-__all__ = ["DEFAULT_PROBE_MODULE", "ProbeResult", "cuda_probe_available", "cuda_probe_status", "run_probes"]
+__all__ = [
+    "DEFAULT_PROBE_MODULE",
+    "METRIC_KEYS",
+    "ProbeResult",
+    "cuda_probe_available",
+    "cuda_probe_status",
+    "metrics_of",
+    "run_probes",
+]
 
 DEFAULT_PROBE_MODULE = "podguard.preflight.gate.probe.cuda_child"
+# What a probe may measure (PRODUCT.md "Probe metrics"): keys of its last JSON line, numbers >= 0.
+METRIC_KEYS = ("matmul_tflops", "mem_gbps", "h2d_gbps", "allreduce_busbw_gbps")
 TAIL_CHARS = 2000
 _BUSY_RE = re.compile(r"busy or unavailable|out of memory", re.IGNORECASE)
 
@@ -49,6 +59,7 @@ class ProbeResult(Record):
     timed_out: bool = False
     busy: bool = False  # the failure says "in use" (busy / out of memory), not "broken": cleanup may help
     device_name: str = ""  # reported by the default CUDA probe
+    metrics: dict[str, float] = field(default_factory=dict)  # METRIC_KEYS found in its last JSON line
 
 
 def cuda_probe_status(dev_dir: str | os.PathLike[str] | None = None) -> tuple[bool, str]:
@@ -177,7 +188,9 @@ class _Running:
         ended = self.ended or time.monotonic()
         duration_ms = round((ended - self.started) * 1000, 1)
         tail = self.buf.decode("utf-8", "replace")[-TAIL_CHARS:]
-        report = _last_json(tail) if builtin else None
+        last = _last_json(tail)
+        metrics = metrics_of(last)
+        report = last if builtin else None  # a user's probe: exit 0 = healthy, its JSON line only measures
         name = str(report.get("device") or "") if report else ""
         if self.timed_out:
             return ProbeResult(
@@ -189,12 +202,15 @@ class _Running:
                 visible_id=self.visible,
                 timed_out=True,
                 device_name=name,
+                metrics=metrics,
             )
         code = self.returncode if self.returncode is not None else -signal.SIGKILL
         exit_code = 128 - code if code < 0 else code
         ok = code == 0 and (report is None or bool(report.get("ok")))
         if ok:
-            return ProbeResult(self.index, True, "", duration_ms, tail, self.visible, exit_code, False, False, name)
+            return ProbeResult(
+                self.index, True, "", duration_ms, tail, self.visible, exit_code, False, False, name, metrics
+            )
         if report and report.get("error"):
             reason = f"CUDA probe failed: {report['error']}"
         else:
@@ -202,7 +218,9 @@ class _Running:
             last = _last_line(tail)
             reason = f"probe {how}" + (f": {last}" if last else "")
         busy = bool(_BUSY_RE.search(reason))
-        return ProbeResult(self.index, False, reason, duration_ms, tail, self.visible, exit_code, False, busy, name)
+        return ProbeResult(
+            self.index, False, reason, duration_ms, tail, self.visible, exit_code, False, busy, name, metrics
+        )
 
 
 def _pump(running: list[_Running], deadline: float) -> None:
@@ -289,6 +307,21 @@ def _last_json(text: str) -> dict[str, Any] | None:
             if isinstance(data, dict):
                 return data
     return None
+
+
+def metrics_of(report: Mapping[str, Any] | None) -> dict[str, float]:
+    """The METRIC_KEYS of a probe's JSON object (top level, or under "metrics") that are finite numbers >= 0;
+    anything else (text, booleans, NaN, negatives) is left out rather than trusted."""
+    if not report:
+        return {}
+    nested = report.get("metrics")
+    merged = {**report, **nested} if isinstance(nested, Mapping) else dict(report)
+    out: dict[str, float] = {}
+    for key in METRIC_KEYS:
+        value = merged.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf"):
+            out[key] = round(float(value), 3)
+    return out
 
 
 def _last_line(text: str) -> str:
