@@ -187,7 +187,7 @@ def test_a_failing_probe_programs_metrics_are_kept_and_its_exit_code_decides(nod
 
 
 def test_full_mode_is_accepted_and_records_the_node_all_reduce(node, tmp_path):
-    program = probe_program(tmp_path, "print(json.dumps({'mem_gbps': 10}))\n")
+    program = probe_program(tmp_path, "print(json.dumps({'mem_gbps': 3000}))\n")  # above the H100 floor
     env = {"PODGUARD_PROBE_CMD": str(program), "PODGUARD_PROBE": "full", "GPU_LIST": "0"}
     proc = run_pg(node, ["health", "--json"], env=env)
     assert proc.returncode == 0, proc.stderr

@@ -256,8 +256,13 @@ def measure_device(
     mem = measure_copy(device, nbytes=copy_nbytes)
     h2d = measure_h2d(device, nbytes=h2d_nbytes)
     return {
-        "matmul_tflops": round(matmul.tflops, 2),
+        "matmul_tflops": _significant(matmul.tflops),
         "matmul_dtype": matmul.dtype,
-        "mem_gbps": round(mem.gbps, 2),
-        "h2d_gbps": round(h2d.gbps, 2),
+        "mem_gbps": _significant(mem.gbps),
+        "h2d_gbps": _significant(h2d.gbps),
     }
+
+
+def _significant(value: float) -> float:
+    """Four significant digits: 790.2, 4220, 55.43 (and a CPU's 0.0004 does not round to zero)."""
+    return float(f"{value:.4g}")
