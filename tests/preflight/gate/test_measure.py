@@ -144,3 +144,17 @@ def test_gpu_measurements_are_plausible() -> None:
     metrics = measure.measure_device(device, n=4096, copy_nbytes=256 << 20, h2d_nbytes=64 << 20)
     assert float(metrics["matmul_tflops"]) > 1
     assert float(metrics["mem_gbps"]) > float(metrics["h2d_gbps"]) > 0.5  # device memory beats the host link
+
+
+@needs_cuda
+def test_the_cuda_child_reports_its_metrics() -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "podguard.preflight.gate.probe.cuda_child"], capture_output=True, text=True, timeout=120
+    ).stdout
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["ok"], report
+    assert {"matmul_tflops", "mem_gbps", "h2d_gbps", "matmul_dtype"} <= set(report)
