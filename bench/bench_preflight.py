@@ -5,18 +5,27 @@ than `python -c "import torch; print(torch.cuda.device_count())"`; the preflight
 report's `timings_ms.total`, interpreter start-up and imports excluded) under 30 ms; and the preflight path
 importing neither torch, nor runpod, nor docker (`python -X importtime`).
 
+Also the NVML cost of one 8-GPU snapshot round in-process (the gate's degraded checks read the snapshot's
+fields: issue 13's budget is that they add no measurable time): NVML calls per GPU (exact, counted by the
+fake) and milliseconds per round.
+
 Run: `python bench/bench_preflight.py [--repeats N]`
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 
 from _common import PODGUARD, fake_node, interleaved, node_env, summarize
+
+from fakenvml.node import NvmlNode
 
 FORBIDDEN = ("torch", "runpod", "docker")
 
@@ -28,6 +37,29 @@ def imported_modules(argv: list[str], env: dict[str, str]) -> set[str]:
         if line.startswith("import time:") and "|" in line:
             mods.add(line.rsplit("|", 1)[1].strip().split(".")[0])
     return mods
+
+
+def snapshot_cost(node: NvmlNode, rounds: int = 200) -> str:
+    """NVML calls per GPU snapshot and ms per 8-GPU round, in this process against the fake library."""
+    os.environ.update(node.env_vars())
+    from podguard.gpu.nvml import NvmlBackend
+
+    counter = ctypes.CDLL(str(node.library))
+    counter.fakeNvmlCallCount.restype = ctypes.c_ulonglong
+    with NvmlBackend(library_path=str(node.library)) as backend:
+        count = backend.device_count()
+        for i in range(count):  # handles and the NVLink link count are read once per process
+            backend.snapshot(i)
+        before = counter.fakeNvmlCallCount()
+        for i in range(count):
+            backend.snapshot(i)
+        calls = (counter.fakeNvmlCallCount() - before) / count
+        started = time.perf_counter()
+        for _ in range(rounds):
+            for i in range(count):
+                backend.snapshot(i)
+        per_round = (time.perf_counter() - started) / rounds * 1000
+    return f"NVML snapshot in-process: {calls:.0f} calls per GPU, {per_round:.2f} ms per {count}-GPU round"
 
 
 def main() -> int:
@@ -61,6 +93,7 @@ def main() -> int:
         )
         phases = {k: statistics.median(w.get(k, 0.0) for w in work) for k in work[-1] if k != "total"}
         print("  median per phase: " + ", ".join(f"{k} {v:.1f} ms" for k, v in phases.items()))
+        print(snapshot_cost(node))
         for argv in (gpus, preflight):
             bad = sorted(imported_modules(argv, env) & set(FORBIDDEN))
             verdict = "IMPORTS " + ", ".join(bad) if bad else "none of " + "/".join(FORBIDDEN)

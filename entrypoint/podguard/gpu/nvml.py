@@ -11,6 +11,7 @@ Why these choices and how the library is found: docs/gate.md ("Backend").
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 from types import TracebackType
@@ -59,6 +60,12 @@ if TYPE_CHECKING:
 __all__ = ["ENV_LIBRARY", "NvmlBackend", "classify_init_error", "format_cuda_version"]
 
 
+@functools.cache
+def _link_state_fields(links: int) -> tuple[tuple[int, int], ...]:
+    """(NVML_FI_DEV_NVLINK_GET_STATE, link) for each link: the field-value request, built once per count."""
+    return tuple((NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links))
+
+
 def _field_uint(value: Any) -> int | None:
     """An nvmlFieldValue_t's integer value, or None when its query failed."""
     if value.nvmlReturn != NVML_SUCCESS:
@@ -85,6 +92,7 @@ class NvmlBackend:
         self._handles: dict[int, Any] = {}
         self._mig_handles: dict[str, Any] = {}
         self._count: int | None = None
+        self._nvlink_links: dict[int, int | None] = {}  # GPU -> NVLink link count (hardware: read once)
         self._memory_v1 = False  # the driver lacks nvmlDeviceGetMemoryInfo_v2: use v1 from then on
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -96,6 +104,7 @@ class NvmlBackend:
         self._closed = True
         self._handles.clear()
         self._mig_handles.clear()
+        self._nvlink_links.clear()
         with contextlib.suppress(Exception):
             self._nv.nvmlShutdown()
 
@@ -171,7 +180,7 @@ class NvmlBackend:
             ("nvmlDeviceGetCurrentClocksEventReasons", h),
             ("nvmlDeviceGetCurrentClocksThrottleReasons", h),
         )
-        recovery, nvlink_links = self._field_values(h, r)
+        recovery, nvlink_links = self._field_values(index, h, r)
         return GpuSnapshot(
             index=index,
             name=text_of(r.call("name", "nvmlDeviceGetName", h)),
@@ -311,18 +320,22 @@ class NvmlBackend:
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
         )
 
-    def _field_values(self, h: Any, r: Reader) -> tuple[str | None, int | None]:
-        """(recovery action, NVLink link count) in one nvmlDeviceGetFieldValues call. A GPU without NVLink
-        answers NOT_SUPPORTED for the link count: None, not an error."""
+    def _field_values(self, index: int, h: Any, r: Reader) -> tuple[str | None, int | None]:
+        """(recovery action, NVLink link count) in one nvmlDeviceGetFieldValues call; the link count only the
+        first time (it is the hardware's). A GPU without NVLink answers NOT_SUPPORTED for it: None, no error."""
         field_id = getattr(self._nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
-        values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field_id, NVML_FI_DEV_NVLINK_LINK_COUNT])
+        known = index in self._nvlink_links
+        fields = [field_id] if known else [field_id, NVML_FI_DEV_NVLINK_LINK_COUNT]
+        values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, fields)
         if not values:
-            return None, None
+            return None, self._nvlink_links.get(index)
         recovery = self._recovery_action(values[0], r)
-        links = _field_uint(values[1]) if len(values) > 1 else None
-        if links is None and len(values) > 1:
-            r.failures["nvlink"] = error_name(int(values[1].nvmlReturn))
-        return recovery, links or None
+        if not known and len(values) > 1:
+            links = _field_uint(values[1])
+            if links is None:
+                r.failures["nvlink"] = error_name(int(values[1].nvmlReturn))
+            self._nvlink_links[index] = links or None
+        return recovery, self._nvlink_links.get(index)
 
     def _recovery_action(self, value: Any, r: Reader) -> str | None:
         if value.nvmlReturn != NVML_SUCCESS:
@@ -337,11 +350,15 @@ class NvmlBackend:
     def _nvlink_active(self, h: Any, r: Reader, links: int) -> int | None:
         """How many of the GPU's `links` NVLink links are up: one field-values call (a state per link), else
         (drivers without that field) one nvmlDeviceGetNvLinkState call per link. None when neither answers."""
-        fields = [(NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)]
-        values = r.call("nvlink", "nvmlDeviceGetFieldValues", h, fields) or ()
-        states = [_field_uint(v) for v in values]
-        if states and all(s is not None for s in states):
-            return sum(1 for s in states if s in NVLINK_UP_STATES)
+        values = r.call("nvlink", "nvmlDeviceGetFieldValues", h, _link_state_fields(links))
+        if values:
+            up = 0
+            for v in values:  # a hot path (every snapshot of an NVLink GPU): no per-value helper calls
+                if v.nvmlReturn != NVML_SUCCESS:
+                    break
+                up += v.value.uiVal in NVLINK_UP_STATES  # NVML_VALUE_TYPE_UNSIGNED_INT
+            else:
+                return up
         up = 0
         for link in range(links):
             state = r.call("nvlink", "nvmlDeviceGetNvLinkState", h, link)

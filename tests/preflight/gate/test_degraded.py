@@ -66,6 +66,14 @@ def test_nvlink_is_compared_with_same_model_peers():
     assert "other GPUs of this model have 18" in found[3][0].text
 
 
+def test_a_lone_gpu_with_no_active_nvlink_is_not_degraded_but_a_partly_trained_one_is():
+    isolated = h100(0, nvlink_links=18, nvlink_active=0)  # one GPU of an HGX board handed to a pod alone
+    assert node_degraded([isolated]) == {}
+    assert node_degraded([h100(0, nvlink_links=18, nvlink_active=9)])[0][0].code == "nvlink_down"
+    both = node_degraded([isolated, h100(1, nvlink_links=18, nvlink_active=0)])
+    assert sorted(both) == [0, 1] and both[0][0].text == "NVLink 0 of 18 links active"  # two GPUs need the fabric
+
+
 def test_warn_passes_with_a_warning_and_exclude_leaves_it_out_without_failing():
     gpus = [h100(0), h100(1, pcie_link_width=4)]
     warned = judge_all(gpus, WARN)

@@ -26,9 +26,9 @@ HW_CLOCK_EVENTS: dict[str, tuple[str, str]] = {
 }
 
 
-def gpu_degraded(gpu: GpuSnapshot, peer_links: int | None = None) -> list[Degraded]:
+def gpu_degraded(gpu: GpuSnapshot, peer_links: int | None = None, *, alone: bool = False) -> list[Degraded]:
     """Why this GPU would slow a job down. `peer_links`: the most active NVLink links another GPU of the same
-    model on this node has (None: no such peer)."""
+    model on this node has (None: no such peer). `alone`: the only GPU judged (its NVLink carries nothing)."""
     out: list[Degraded] = []
     if not gpu.utilization_gpu:  # idle (or not reported): a busy GPU may be capped by its own load
         for name in gpu.clock_event_names:
@@ -43,13 +43,15 @@ def gpu_degraded(gpu: GpuSnapshot, peer_links: int | None = None) -> list[Degrad
     if width is not None and width_max is not None and 0 < width < width_max:
         text = f"PCIe link x{width} of x{width_max} (a narrow link: seat, riser or slot)"
         out.append(Degraded("pcie_width", text, {"width": width, "max_width": width_max}))
-    out.extend(_nvlink(gpu, peer_links))
+    out.extend(_nvlink(gpu, peer_links, alone))
     return out
 
 
-def _nvlink(gpu: GpuSnapshot, peer_links: int | None) -> list[Degraded]:
+def _nvlink(gpu: GpuSnapshot, peer_links: int | None, alone: bool) -> list[Degraded]:
     links, active = gpu.nvlink_links, gpu.nvlink_active
     if not links or active is None:  # no NVLink (PCIe cards), or its state could not be read
+        return []
+    if active == 0 and alone:  # one GPU of a board given to this pod alone: no peer to talk to over NVLink
         return []
     if active < links:
         text = f"NVLink {active} of {links} links active"
@@ -69,7 +71,7 @@ def node_degraded(gpus: Sequence[GpuSnapshot]) -> dict[int, tuple[Degraded, ...]
             for p in gpus
             if p.index != gpu.index and p.name == gpu.name and p.nvlink_links and p.nvlink_active is not None
         ]
-        found = gpu_degraded(gpu, max(peers) if peers else None)
+        found = gpu_degraded(gpu, max(peers) if peers else None, alone=len(gpus) == 1)
         if found:
             out[gpu.index] = tuple(found)
     return out

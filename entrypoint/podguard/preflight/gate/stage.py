@@ -143,7 +143,9 @@ def _allreduce(
         return {"ok": True, "skipped": "an all-reduce needs two or more GPUs", "gpus": [i for i, _ in targets]}, {}
     try:
         from podguard.preflight.gate.probe.allreduce import run_allreduce
-    except ModuleNotFoundError:  # the all-reduce probe module is not part of this build
+    except ModuleNotFoundError as exc:
+        if exc.name != "podguard.preflight.gate.probe.allreduce":
+            raise  # the module is there and broken: that is a bug to see, not a probe to skip
         return {"ok": True, "skipped": "the all-reduce probe is not available in this build"}, {}
     res = run_allreduce(targets, timeout_s)
     record: dict[str, object] = {
@@ -168,8 +170,10 @@ def _slow(probes: Mapping[int, ProbeEvidence], names: Mapping[int, str], ratio: 
         return {}
     try:
         from podguard.preflight.gate.slow import slow_findings
-    except ModuleNotFoundError:  # the slow-GPU rules are not part of this build
-        return {}
+    except ModuleNotFoundError as exc:
+        if exc.name != "podguard.preflight.gate.slow":
+            raise
+        return {}  # the slow-GPU rules are not part of this build
     return slow_findings(metrics, {i: names.get(i, "") for i in metrics}, ratio)
 
 
