@@ -3,8 +3,11 @@ CPU tensors (how CI runs them); the CUDA-only parts (CUDA events, pinned memory)
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -126,8 +129,45 @@ def test_a_copy_that_changed_the_data_fails() -> None:
 
 def test_measure_device_reports_the_probe_keys() -> None:
     metrics = measure.measure_device(CPU, n=64, copy_nbytes=1 << 20, h2d_nbytes=1 << 20)
-    assert set(metrics) == {"matmul_tflops", "matmul_dtype", "mem_gbps", "h2d_gbps"}
+    assert set(metrics) == {"matmul_tflops", "matmul_dtype", "mem_gbps", "h2d_gbps", "h2d_wait_ms"}
     assert all(float(metrics[k]) > 0 for k in ("matmul_tflops", "mem_gbps", "h2d_gbps"))
+
+
+def test_host_link_lock_makes_probes_take_turns(tmp_path: Path) -> None:
+    lock = tmp_path / "h2d.lock"
+    spans: list[tuple[float, float, float]] = []
+
+    def probe() -> None:
+        with measure.host_link_lock(lock, wait_s=30) as waited:
+            began = time.monotonic()
+            time.sleep(0.1)
+            spans.append((began, time.monotonic(), waited))
+
+    threads = [threading.Thread(target=probe) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    spans.sort()
+    assert len(spans) == 3
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), spans  # one at a time
+    assert max(w for _, _, w in spans) >= 0.15  # the last one waited for two turns
+
+
+def test_host_link_lock_gives_up_waiting_and_tolerates_a_bad_path(tmp_path: Path) -> None:
+    lock = tmp_path / "h2d.lock"
+    with measure.host_link_lock(lock), measure.host_link_lock(lock, wait_s=0.05) as waited:
+        assert 0.05 <= waited < 5  # held elsewhere: measured anyway, after the wait
+    with measure.host_link_lock(tmp_path / "no-such-dir" / "h2d.lock") as waited:
+        assert waited == 0.0
+
+
+def test_h2d_measures_inside_the_lock(tmp_path: Path) -> None:
+    with measure.host_link_lock(tmp_path / "h2d.lock", wait_s=0.05):
+        result = measure.measure_h2d(
+            CPU, nbytes=1 << 20, warmup_s=0, target_s=0.01, lock=measure.host_link_lock(tmp_path / "h2d.lock", 0.2)
+        )
+    assert result.waited_s >= 0.2 and result.gbps > 0
 
 
 @needs_cuda

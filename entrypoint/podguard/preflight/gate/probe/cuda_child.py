@@ -5,9 +5,10 @@ It proves the GPU can do real work, not just that NVML can see it: create a cont
 1024x1024 fp32 matmul checked against a CPU reference and an identity product, synchronise. Then it
 measures the GPU (probe/measure.py, a few hundred ms after warm-ups): a checked 8192^3 bf16 matmul
 (`matmul_tflops`), a device memory copy (`mem_gbps`, read + write) and a pinned host-to-device copy
-(`h2d_gbps`). It prints exactly one JSON line (`ok`, `ms`, `device`, `uuid`, `error` and the metrics) and
-exits 0 (healthy) or 1, never with a traceback: the parent reads the JSON line, and a person reads its
-`error`. A wrong result in a measurement fails the probe like a failed check.
+(`h2d_gbps`; the node's probes take turns for this one, a flock in the temp dir). It prints exactly one
+JSON line (`ok`, `ms`, `device`, `uuid`, `error` and the metrics) and exits 0 (healthy) or 1, never with
+a traceback: the parent reads the JSON line, and a person reads its `error`. A wrong result in a
+measurement fails the probe like a failed check.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 N = 1024
+H2D_LOCK_NAME = "podguard-h2d.lock"  # in the temp dir: the node's probes take turns on the host link
 SMALL_GPU_BYTES = 6 << 30  # less free than this (a MIG slice, a busy card): smaller measurement buffers
 REL_TOLERANCE = 1e-3  # fp32 with TF32 off differs from the CPU by ~1e-6 relative; faults are far larger
 
@@ -85,7 +89,7 @@ def probe() -> dict[str, Any]:
 
 def _measure(torch: Any, device: Any) -> dict[str, Any]:
     """The metrics, sized to the memory that is free (a small MIG slice still gets measured)."""
-    from podguard.preflight.gate.probe.measure import MeasureFailure, measure_device
+    from podguard.preflight.gate.probe.measure import MeasureFailure, host_link_lock, measure_device
 
     free, _total = torch.cuda.mem_get_info(device)
     small = free < SMALL_GPU_BYTES
@@ -95,6 +99,7 @@ def _measure(torch: Any, device: Any) -> dict[str, Any]:
             n=4096 if small else 8192,
             copy_nbytes=(128 if small else 512) << 20,
             h2d_nbytes=(64 if small else 256) << 20,
+            h2d_lock=host_link_lock(Path(tempfile.gettempdir()) / H2D_LOCK_NAME),
         )
     except MeasureFailure as exc:
         raise ProbeFailure(str(exc)) from None

@@ -13,8 +13,12 @@ Why these three and what the numbers mean: docs/gate.md ("Probe metrics").
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +30,7 @@ __all__ = [
     "Timing",
     "check_product",
     "copy_bytes",
+    "host_link_lock",
     "matmul_dtype",
     "matmul_flop",
     "measure_copy",
@@ -66,6 +71,7 @@ class CopyMeasure:
     gbps: float  # 1e9 bytes per second
     nbytes: int  # buffer size
     iterations: int
+    waited_s: float = 0.0  # for the host link: time spent waiting for the other probes' turns
 
 
 # -- arithmetic ----------------------------------------------------------------------------------------
@@ -205,16 +211,49 @@ def measure_copy(
 
 
 def measure_h2d(
-    device: torch.device, *, nbytes: int = 256 << 20, warmup_s: float = 0.03, target_s: float = 0.05
+    device: torch.device,
+    *,
+    nbytes: int = 256 << 20,
+    warmup_s: float = 0.03,
+    target_s: float = 0.05,
+    lock: AbstractContextManager[float] | None = None,
 ) -> CopyMeasure:
     """Host-to-device bandwidth: `nbytes` from pinned (page-locked) host memory to the device, counted once.
-    Pageable memory would measure the host's staging copy, not the link. On the CPU: a plain copy."""
+    Pageable memory would measure the host's staging copy, not the link. On the CPU: a plain copy. The timed
+    part runs inside `lock` (host_link_lock: probes of the same host take turns), the set-up outside it."""
     host = _pattern(nbytes, torch.device("cpu"), pin=device.type == "cuda")
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    timing = throughput(lambda: dst.copy_(host, non_blocking=True), device, warmup_s=warmup_s, target_s=target_s)
+    with lock if lock is not None else contextlib.nullcontext(0.0) as waited_s:
+        timing = throughput(lambda: dst.copy_(host, non_blocking=True), device, warmup_s=warmup_s, target_s=target_s)
     _check_copy(host, dst, "host-to-device copy")
     gbps = per_second(copy_bytes(nbytes, same_memory=False), timing.seconds, 1e9)
-    return CopyMeasure(gbps, nbytes, timing.iterations)
+    return CopyMeasure(gbps, nbytes, timing.iterations, round(float(waited_s or 0.0), 3))
+
+
+@contextlib.contextmanager
+def host_link_lock(path: str | os.PathLike[str], wait_s: float = 10.0) -> Iterator[float]:
+    """An exclusive flock on `path`, yielding the seconds waited for it. The probes of one host copy to their
+    GPUs in turn, as operators measure host bandwidth (one GPU at a time): together they would share the
+    host's memory and PCIe switch uplinks, and which GPUs happened to overlap would decide who looks slow.
+    Not had within `wait_s`, or `path` not openable: the measurement goes ahead without it."""
+    started = time.monotonic()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        yield 0.0
+        return
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - started >= wait_s:
+                    break
+                time.sleep(0.005)
+        yield time.monotonic() - started
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _pattern(nbytes: int, device: torch.device, *, pin: bool = False) -> torch.Tensor:
@@ -249,17 +288,23 @@ def _dtype(t: torch.Tensor) -> str:
 
 
 def measure_device(
-    device: torch.device, *, n: int = 8192, copy_nbytes: int = 512 << 20, h2d_nbytes: int = 256 << 20
+    device: torch.device,
+    *,
+    n: int = 8192,
+    copy_nbytes: int = 512 << 20,
+    h2d_nbytes: int = 256 << 20,
+    h2d_lock: AbstractContextManager[float] | None = None,
 ) -> dict[str, float | str]:
     """The probe's metrics for one device, as the keys of its JSON line (PRODUCT.md "Probe metrics")."""
     matmul = measure_matmul(device, n=n)
     mem = measure_copy(device, nbytes=copy_nbytes)
-    h2d = measure_h2d(device, nbytes=h2d_nbytes)
+    h2d = measure_h2d(device, nbytes=h2d_nbytes, lock=h2d_lock)
     return {
         "matmul_tflops": _significant(matmul.tflops),
         "matmul_dtype": matmul.dtype,
         "mem_gbps": _significant(mem.gbps),
         "h2d_gbps": _significant(h2d.gbps),
+        "h2d_wait_ms": round(h2d.waited_s * 1000, 1),
     }
 
 
