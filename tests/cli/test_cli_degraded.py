@@ -111,7 +111,7 @@ def test_exclude_runs_on_the_rest_and_names_what_was_excluded_and_why(node, tmp_
     [
         ({"NPROC_PER_NODE": "8"}, "fewer than NPROC_PER_NODE=8 needs"),
         ({"RUNPOD_GPU_COUNT": "8"}, "fewer than the expected 8 GPUs (RUNPOD_GPU_COUNT / --expect-gpus) needs"),
-        ({"GPU_LIST": "1"}, "0 GPU(s) left, fewer than at least one GPU needs"),
+        ({"GPU_LIST": "1"}, "0 GPU(s) left, nothing to run on"),
     ],
 )
 def test_exclude_with_the_expected_count_no_longer_met_is_69(node, tmp_path, env, needle):

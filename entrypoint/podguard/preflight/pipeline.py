@@ -346,9 +346,9 @@ class Preflight:
             short.append(f"the expected {selection.expected} GPUs (RUNPOD_GPU_COUNT / --expect-gpus)")
         excluded = f"excluded degraded GPU(s) {_ids(sorted(out))} ({why})"
         if not left or (short and opts.on_fewer == OnFewer.FAIL):
-            needs = " and ".join(short) if short else "at least one GPU"
+            needs = f"fewer than {' and '.join(short)} needs" if short else "nothing to run on"
             self.exit_code = ExitCode.GPUS_MISSING
-            self.message = f"{excluded}: {left} GPU(s) left, fewer than {needs} needs"
+            self.message = f"{excluded}: {left} GPU(s) left, {needs}"
             return
         if short:
             self.payload["warnings"].append(
