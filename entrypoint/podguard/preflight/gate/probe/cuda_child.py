@@ -2,9 +2,13 @@
 with exactly one GPU visible (CUDA_VISIBLE_DEVICES=<its UUID>).
 
 It proves the GPU can do real work, not just that NVML can see it: create a context, allocate, run a
-1024x1024 fp32 matmul checked against a CPU reference and an identity product, synchronise. It prints
-exactly one JSON line (`ok`, `ms`, `device`, `uuid`, `error`) and exits 0 (healthy) or 1, never with a
-traceback: the parent reads the JSON line, and a person reads its `error`.
+1024x1024 fp32 matmul checked against a CPU reference and an identity product, synchronise. Then it
+measures the GPU (probe/measure.py, a few hundred ms after warm-ups): a checked 8192^3 bf16 matmul
+(`matmul_tflops`), a device memory copy (`mem_gbps`, read + write) and a pinned host-to-device copy
+(`h2d_gbps`; the node's probes take turns for this one, a flock in the temp dir). It prints exactly one
+JSON line (`ok`, `ms`, `device`, `uuid`, `error` and the metrics) and exits 0 (healthy) or 1, never with
+a traceback: the parent reads the JSON line, and a person reads its `error`. A wrong result in a
+measurement fails the probe like a failed check.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 N = 1024
+H2D_LOCK_NAME = "podguard-h2d.lock"  # in the temp dir: the node's probes take turns on the host link
+SMALL_GPU_BYTES = 6 << 30  # less free than this (a MIG slice, a busy card): smaller measurement buffers
 REL_TOLERANCE = 1e-3  # fp32 with TF32 off differs from the CPU by ~1e-6 relative; faults are far larger
 
 
@@ -74,7 +82,27 @@ def probe() -> dict[str, Any]:
         raise ProbeFailure(f"{N}x{N} fp32 matmul differs from the CPU reference (max rel error {rel_err:.2e})")
     if not torch.allclose(identity.cpu(), a, rtol=1e-6, atol=1e-6):
         raise ProbeFailure(f"{N}x{N} identity matmul did not return its input")
-    return {"device": props.name, "uuid": uuid, "max_rel_err": rel_err}
+    del a_d, b_d, product, identity
+    metrics = _measure(torch, device)
+    return {"device": props.name, "uuid": uuid, "max_rel_err": rel_err, **metrics}
+
+
+def _measure(torch: Any, device: Any) -> dict[str, Any]:
+    """The metrics, sized to the memory that is free (a small MIG slice still gets measured)."""
+    from podguard.preflight.gate.probe.measure import MeasureFailure, host_link_lock, measure_device
+
+    free, _total = torch.cuda.mem_get_info(device)
+    small = free < SMALL_GPU_BYTES
+    try:
+        return measure_device(
+            device,
+            n=4096 if small else 8192,
+            copy_nbytes=(128 if small else 512) << 20,
+            h2d_nbytes=(64 if small else 256) << 20,
+            h2d_lock=host_link_lock(Path(tempfile.gettempdir()) / H2D_LOCK_NAME),
+        )
+    except MeasureFailure as exc:
+        raise ProbeFailure(str(exc)) from None
 
 
 def main() -> int:

@@ -1,0 +1,152 @@
+"""Slow GPUs: the relative check against the node's median and the per-model floors (gate/slow.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from podguard.preflight.gate.degraded import Degraded
+from podguard.preflight.gate.slow import FLOORS, METRICS, model_floors, slow_findings
+
+H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
+HEALTHY_H200 = {"matmul_tflops": 790.0, "mem_gbps": 4200.0, "h2d_gbps": 55.0}
+
+
+def _node(count: int, model: str = H200, **overrides: dict[str, float]) -> tuple[dict, dict]:
+    """`count` GPUs measuring HEALTHY_H200; overrides["gpu3"] = {"mem_gbps": 1.0} changes GPU 3's metrics."""
+    metrics = {i: {**HEALTHY_H200, **overrides.get(f"gpu{i}", {})} for i in range(count)}
+    return metrics, dict.fromkeys(range(count), model)
+
+
+def test_one_gpu_at_65_percent_of_the_median_is_slow() -> None:
+    metrics, models = _node(8, gpu5={"matmul_tflops": 0.65 * 790})  # 513.5: above the H200 floor (480)
+    found = slow_findings(metrics, models, 0.8)
+    assert list(found) == [5]
+    (finding,) = found[5]
+    assert isinstance(finding, Degraded) and finding.code == "slow"
+    assert finding.values["metric"] == "matmul_tflops"
+    assert finding.values["value"] == pytest.approx(513.5)
+    assert finding.values["median"] == pytest.approx(790.0)
+    assert finding.values["ratio"] == 0.8
+    assert finding.text == "matmul_tflops 514 TFLOP/s is below 0.8 x the median of 8 GPUs (790 TFLOP/s)"
+
+
+def test_all_within_5_percent_is_not_slow() -> None:
+    metrics = {i: {k: v * (0.95 + 0.01 * i) for k, v in HEALTHY_H200.items()} for i in range(8)}  # 95 % .. 102 %
+    assert slow_findings(metrics, dict.fromkeys(range(8), H200), 0.8) == {}
+
+
+def test_the_ratio_is_honoured() -> None:
+    metrics, models = _node(4, gpu1={"mem_gbps": 0.85 * 4200})
+    assert slow_findings(metrics, models, 0.8) == {}
+    found = slow_findings(metrics, models, 0.9)
+    assert [f.values["metric"] for f in found[1]] == ["mem_gbps"]
+    assert "below 0.9 x the median of 4 GPUs" in found[1][0].text
+    assert slow_findings(metrics, models, 0) == {}  # 0: no relative check (and the floor is not reached)
+
+
+def test_every_metric_is_judged_on_its_own() -> None:
+    metrics, models = _node(3, gpu0={"h2d_gbps": 30.0}, gpu2={"mem_gbps": 3000.0, "matmul_tflops": 400.0})
+    found = slow_findings(metrics, models, 0.8)
+    assert {i: sorted(f.values["metric"] for f in fs) for i, fs in found.items()} == {
+        0: ["h2d_gbps"],
+        2: ["matmul_tflops", "matmul_tflops", "mem_gbps"],  # matmul: relative and below the H200 floor
+    }
+
+
+def test_equally_slow_gpus_are_caught_by_the_model_floor() -> None:
+    metrics = {i: {"matmul_tflops": 300.0, "mem_gbps": 4200.0, "h2d_gbps": 55.0} for i in range(8)}
+    found = slow_findings(metrics, dict.fromkeys(range(8), H100), 0.8)
+    assert sorted(found) == list(range(8))
+    for findings in found.values():
+        (finding,) = findings
+        assert finding.values == {"metric": "matmul_tflops", "value": 300.0, "floor": 480, "model": "H100 SXM"}
+        assert finding.text == "matmul_tflops 300 TFLOP/s is below the floor 480 TFLOP/s for H100 SXM GPUs"
+
+
+def test_unknown_model_gets_the_relative_check_only() -> None:
+    slow_everywhere = {"matmul_tflops": 1.0, "mem_gbps": 1.0, "h2d_gbps": 1.0}
+    metrics = {0: dict(slow_everywhere), 1: dict(slow_everywhere), 2: {**slow_everywhere, "mem_gbps": 0.5}}
+    found = slow_findings(metrics, dict.fromkeys(range(3), "NVIDIA Future GPU 9000"), 0.8)
+    assert list(found) == [2]
+    assert [f.values["metric"] for f in found[2]] == ["mem_gbps"]
+    assert "median" in found[2][0].values
+    assert slow_findings(metrics, {}, 0.8).keys() == {2}  # no model known at all: the same
+
+
+def test_a_single_gpu_gets_the_floors_only() -> None:
+    assert slow_findings({0: HEALTHY_H200}, {0: H200}, 0.8) == {}
+    found = slow_findings({0: {**HEALTHY_H200, "mem_gbps": 1000.0}}, {0: H200}, 1.0)
+    (finding,) = found[0]
+    assert finding.values == {"metric": "mem_gbps", "value": 1000.0, "floor": 2900, "model": "H200"}
+    assert slow_findings({0: {"mem_gbps": 1.0}}, {0: "NVIDIA Future GPU 9000"}, 0.8) == {}
+
+
+def test_floors_differ_per_model() -> None:
+    a6000 = {"matmul_tflops": 140.0, "mem_gbps": 680.0, "h2d_gbps": 24.0}  # a healthy RTX A6000
+    assert slow_findings({0: a6000}, {0: "NVIDIA RTX A6000"}, 0.8) == {}
+    found = slow_findings({0: a6000}, {0: "NVIDIA A100-SXM4-80GB"}, 0.8)
+    assert [f.values["metric"] for f in found[0]] == ["matmul_tflops", "mem_gbps"]
+    assert {f.values["model"] for f in found[0]} == {"A100 SXM 80GB"}
+
+
+def test_the_all_reduce_floor_applies_to_every_gpu_and_has_no_relative_check() -> None:
+    metrics, models = _node(4)
+    for i, per_gpu in metrics.items():
+        per_gpu["allreduce_busbw_gbps"] = 120.0 if i else 100.0  # node-level; unequal only to prove no median
+    found = slow_findings(metrics, models, 0.9)
+    assert sorted(found) == [0, 1, 2, 3]
+    assert all([f.values["metric"] for f in fs] == ["allreduce_busbw_gbps"] for fs in found.values())
+    assert "(the node's all-reduce bus bandwidth) is below the floor 300 GB/s for H200 GPUs" in found[0][0].text
+    metrics = {i: {**HEALTHY_H200, "allreduce_busbw_gbps": 100.0} for i in range(2)}
+    assert slow_findings(metrics, dict.fromkeys(range(2), "NVIDIA L40S"), 0.8) == {}  # PCIe cards: no floor
+
+
+def test_values_that_are_not_measurements_are_ignored() -> None:
+    metrics = {
+        0: {"matmul_tflops": 700.0, "matmul_dtype": "bfloat16", "latency_ms": 9.0},  # type: ignore[dict-item]
+        1: {"matmul_tflops": float("nan"), "latency_ms": 1.0},
+        2: {"matmul_tflops": 690.0, "mem_gbps": True, "latency_ms": 1.0},  # type: ignore[dict-item]
+    }
+    assert slow_findings(metrics, {}, 0.8) == {}  # latency is not a probe metric; NaN and bools are not numbers
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, float("nan"), "0.8"])
+def test_a_bad_ratio_is_refused(ratio: object) -> None:
+    with pytest.raises(ValueError, match="slow ratio"):
+        slow_findings({}, {}, ratio)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100 SXM 40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("NVIDIA A40", "A40"),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+        ("NVIDIA RTX A4000", None),
+        ("NVIDIA GH200 480GB", None),
+        ("", None),
+    ],
+)
+def test_models_are_matched_by_nvml_name(name: str, model: str | None) -> None:
+    entry = model_floors(name)
+    assert (entry.model if entry else None) == model
+
+
+def test_the_floor_table_is_consistent() -> None:
+    for entry in FLOORS:
+        assert set(entry.floors) <= set(METRICS), entry.model
+        assert all(value > 0 for value in entry.floors.values()), entry.model
+        assert model_floors("NVIDIA " + entry.model) == entry  # each entry is reachable past the ones before it
