@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import UsageError
+from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]
 
@@ -55,6 +56,8 @@ class LaunchOptions:
     master_port: int | None = None
     max_restarts: int = 0
     rdzv_backend: str = "auto"  # torchrun: auto (static when NODE_RANK is known), static, c10d
+    cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S  # multi-node: how long the cluster gate waits for all nodes
+    cluster_port: int | None = None  # the cluster gate's store port (None: PRIMARY_PORT + 1)
 
 
 @dataclass(frozen=True)
