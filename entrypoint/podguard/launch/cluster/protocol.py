@@ -286,7 +286,8 @@ class _Joiner(_Gate):
                     code, failed, missing = decision_from_json(store.get(decision))
                     if code != ExitCode.OK:  # that attempt failed: so does this one (every node exits)
                         store.add(_key(session, "acked"), 1)
-                        return self.outcome(self.own_code(code), failed, missing)
+                        others = tuple(r for r in missing if r != self.settings.node_rank)
+                        return self.outcome(self.own_code(code), failed, others)
                     if not stale_said:
                         self.notes.append("node 0's store still holds an earlier attempt; waited for a new one")
                         stale_said = True
