@@ -11,6 +11,7 @@ BENCHES = [
     "bench_preflight.py",
     "bench_cleanup.py",
     "bench_launch_overhead.py",
+    "bench_cluster_gate.py",
     "bench_logmux.py",
     "bench_pods.py",
     "bench_image.py",

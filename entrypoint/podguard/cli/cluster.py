@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -58,6 +57,8 @@ def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
 
 def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[str]) -> GateOutcome:
     """Publish this node's preflight verdict and follow the cluster's decision (the summary is printed)."""
+    import socket
+
     from podguard.launch.cluster.gate import run_cluster_gate
     from podguard.launch.cluster.model import NodeVerdict
     from podguard.report import verdict_word
