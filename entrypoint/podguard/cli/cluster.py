@@ -7,9 +7,13 @@ and the workers' socket interface. preflight/ and launch/ never import each othe
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podguard.errors import UsageError
@@ -19,7 +23,9 @@ if TYPE_CHECKING:
     from podguard.launch.cluster.model import GateOutcome, GateSettings
     from podguard.preflight.pipeline import PreflightResult
 
-__all__ = ["cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
+__all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
+
+GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome, with wall-clock times
 
 
 def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
@@ -55,8 +61,9 @@ def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
     return settings
 
 
-def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[str]) -> GateOutcome:
-    """Publish this node's preflight verdict and follow the cluster's decision (the summary is printed)."""
+def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[str], state: Path) -> GateOutcome:
+    """Publish this node's preflight verdict and follow the cluster's decision (the summary is printed);
+    the outcome is also written to `<state>/reports/cluster-gate.json` (best effort)."""
     import socket
 
     from podguard.launch.cluster.gate import run_cluster_gate
@@ -70,7 +77,16 @@ def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[
         reasons=pre.reasons,
         host=socket.gethostname(),
     )
-    return run_cluster_gate(settings, verdict, notes=notes)
+    outcome = run_cluster_gate(settings, verdict, notes=notes)
+    _record(state, {**outcome.to_data(), "returned_at": time.time(), "endpoint": settings.endpoint})
+    return outcome
+
+
+def _record(state: Path, data: dict[str, object]) -> None:
+    from podguard.state import subdir, write_private
+
+    with contextlib.suppress(OSError):
+        write_private(subdir(state, "reports") / GATE_RECORD, json.dumps(data, indent=2))
 
 
 def worker_socket_env() -> tuple[dict[str, str], list[str]]:

@@ -116,7 +116,7 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
         gate = cluster_gate_settings(cfg)  # multi-node: bad values are 64 before anything is leased or stopped
         pre = run_preflight(opts, validate_selection=_selection_check(cfg))
         try:
-            passed = pass_cluster_gate(gate, pre, notes) if gate is not None else None  # every node's verdict
+            passed = pass_cluster_gate(gate, pre, notes, base) if gate is not None else None  # every node's verdict
         except BaseException:
             if pre.lease is not None:
                 pre.lease.release()

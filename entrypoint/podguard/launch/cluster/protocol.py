@@ -194,16 +194,7 @@ class _Host(_Gate):
     """Node 0: hosts the store, decides, and stays up until the others have read the decision."""
 
     def run(self) -> GateOutcome | None:
-        sock = _listen(self.settings, self.deadline, self.stop)
-        store = self.TCPStore(
-            "127.0.0.1" if sock.family == socket.AF_INET else "::1",
-            self.settings.port,
-            None,
-            True,
-            timeout=_timedelta(OP_TIMEOUT_S),
-            wait_for_workers=False,
-            master_listen_fd=sock.detach(),
-        )
+        store = self._open()
         try:
             session = secrets.token_hex(8)
             store.set(SESSION_KEY, session)
@@ -217,6 +208,22 @@ class _Host(_Gate):
             return outcome
         finally:
             del store  # the server thread stops with the object: a restarted node finds no stale store
+
+    def _open(self) -> Any:
+        """The store, on a socket bound here first: a port in use is then a clear error, not a C++ one."""
+        sock = _listen(self.settings, self.deadline, self.stop)
+        loopback = "127.0.0.1" if sock.family == socket.AF_INET else "::1"  # the host's own client connection
+        options = {"timeout": _timedelta(OP_TIMEOUT_S), "wait_for_workers": False}
+        try:
+            store = self.TCPStore(loopback, self.settings.port, None, True, master_listen_fd=sock.fileno(), **options)
+        except TypeError:  # a torch without master_listen_fd: let it bind the (now free) port itself
+            sock.close()
+            return self.TCPStore(loopback, self.settings.port, None, True, **options)
+        except BaseException:
+            sock.close()
+            raise
+        sock.detach()  # the store owns the descriptor now
+        return store
 
     def _collect(self, store: Any, session: str) -> dict[int, NodeVerdict] | None:
         """Wait until every node reported, one failed, or the timeout passed; the verdicts present then."""
