@@ -8,7 +8,6 @@ and the workers' socket interface. preflight/ and launch/ never import each othe
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -33,6 +32,8 @@ def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
     Bad values and a Python without torch are refused here (64), before anything is leased or stopped."""
     if not cfg.multi_node:
         return None
+    import importlib.util
+
     from podguard.launch.cluster.model import gate_settings
     from podguard.launch.torchrun.rendezvous import resolve_rendezvous
 
