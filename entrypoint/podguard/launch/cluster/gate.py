@@ -15,7 +15,7 @@ import select
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TextIO
 
@@ -47,7 +47,7 @@ def run_cluster_gate(
     return replace(outcome, notes=(*outcome.notes, *notes))
 
 
-def _wait(settings: GateSettings, verdict: NodeVerdict, say: object) -> GateOutcome:
+def _wait(settings: GateSettings, verdict: NodeVerdict, say: Callable[[GateOutcome], None]) -> GateOutcome:
     from podguard.launch.cluster.protocol import ACK_WAIT_S, TELL_LATE_S, run_gate
 
     stop = threading.Event()
@@ -56,7 +56,7 @@ def _wait(settings: GateSettings, verdict: NodeVerdict, say: object) -> GateOutc
 
     def work() -> None:
         try:
-            result["outcome"] = run_gate(settings, verdict, stop=stop, on_decision=say)  # type: ignore[arg-type]
+            result["outcome"] = run_gate(settings, verdict, stop=stop, on_decision=say)
         except BaseException as exc:  # handed to the waiting thread
             result["error"] = exc
         finally:

@@ -20,6 +20,8 @@ __all__ = [
     "GateOutcome",
     "GateSettings",
     "NodeVerdict",
+    "decision_from_json",
+    "decision_to_json",
     "format_gate_summary",
     "gate_settings",
 ]

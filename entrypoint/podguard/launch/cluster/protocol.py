@@ -212,7 +212,7 @@ class _Host(_Gate):
     def _open(self) -> Any:
         """The store, on a socket bound here first: a port in use is then a clear error, not a C++ one."""
         sock = _listen(self.settings, self.deadline, self.stop)
-        loopback = "127.0.0.1" if sock.family == socket.AF_INET else "::1"  # the host's own client connection
+        loopback = "127.0.0.1"  # the host's own client connection (a dual-stack socket takes IPv4 too)
         options = {"timeout": _timedelta(OP_TIMEOUT_S), "wait_for_workers": False}
         try:
             store = self.TCPStore(loopback, self.settings.port, None, True, master_listen_fd=sock.fileno(), **options)
