@@ -202,3 +202,44 @@ def test_a_cluster_port_in_use_on_node_0_is_64_naming_the_variable(tmp_path: Pat
     assert code == 64, out[-3000:]
     assert f"port {port + 1} is in use on node 0; set PODGUARD_CLUSTER_PORT" in out
     assert "Traceback" not in out
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections whose remote end is `port` on this host (/proc/net/tcp and tcp6)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            next(fh)
+            for line in fh:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                    count += 1
+    return count
+
+
+def test_a_stale_store_of_an_earlier_attempt_is_not_followed_and_the_next_one_is(tmp_path: Path):
+    import datetime
+
+    from podguard.launch.cluster.protocol import ROOT, SESSION_KEY, load_store_class
+
+    store_class = load_store_class()  # torch's TCPStore, imported quietly
+    port = _free_port()
+    # what an earlier attempt's node 0 left while it lingered: its session and a launch decision
+    ten_s = datetime.timedelta(seconds=10)
+    stale = store_class("127.0.0.1", port + 1, None, True, timeout=ten_s, wait_for_workers=False)
+    stale.set(SESSION_KEY, "earlier")
+    stale.set(f"{ROOT}/earlier/decision", '{"code": 0, "failed": [], "missing": []}')
+    baseline = _connections_to(port + 1)  # the store's own client
+    node1 = _start(tmp_path, _cpu_env(tmp_path, 1, port))
+    deadline = time.monotonic() + 60
+    while _connections_to(port + 1) <= baseline and time.monotonic() < deadline:  # node 1 reached the stale store
+        time.sleep(0.05)
+    time.sleep(0.3)  # well under a second: node 1 reads the stale decision (milliseconds)
+    del stale  # node 0 of that attempt is gone; the next attempt's node 0 starts
+    node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port))
+    code0, out0, _ = _finish(node0)
+    code1, out1, _ = _finish(node1)
+    assert code1 == 0, out1[-3000:]
+    assert code0 == 0, out0[-3000:]
+    assert "node 0's store still holds an earlier attempt; waited for a new one" in out1
+    assert sorted(_markers(tmp_path)) == ["rank0", "rank1", "rank2", "rank3"]

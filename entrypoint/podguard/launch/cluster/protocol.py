@@ -216,8 +216,8 @@ class _Host(_Gate):
         options = {"timeout": _timedelta(OP_TIMEOUT_S), "wait_for_workers": False}
         try:
             store = self.TCPStore(loopback, self.settings.port, None, True, master_listen_fd=sock.fileno(), **options)
-        except TypeError:  # a torch without master_listen_fd: let it bind the (now free) port itself
-            sock.close()
+        except (TypeError, RuntimeError):  # a torch whose store cannot take a socket (before 2.8 with libuv):
+            sock.close()  # let it bind the (now free) port itself
             return self.TCPStore(loopback, self.settings.port, None, True, **options)
         except BaseException:
             sock.close()
@@ -294,7 +294,8 @@ class _Joiner(_Gate):
                     if code != ExitCode.OK:  # that attempt failed: so does this one (every node exits)
                         store.add(_key(session, "acked"), 1)
                         others = tuple(r for r in missing if r != self.settings.node_rank)
-                        return self.outcome(self.own_code(code), failed, others)
+                        own = () if self.verdict.passed else (self.verdict,)
+                        return self.outcome(self.own_code(code), (*failed, *own), others)
                     if not stale_said:
                         self.notes.append("node 0's store still holds an earlier attempt; waited for a new one")
                         stale_said = True
@@ -357,7 +358,7 @@ class _Joiner(_Gate):
             return self.outcome(ExitCode.GPUS_BUSY, (), missing, detail)
         with contextlib.suppress(self.store_error):
             present = self.present(store, session)
-            missing = tuple(r for r in range(self.settings.nnodes) if r not in present)
+            missing = tuple(r for r in range(self.settings.nnodes) if r not in present and r != self.verdict.rank)
             failed = tuple(v for v in present.values() if not v.passed)
             return self.outcome(ExitCode.GPU_UNHEALTHY if failed else ExitCode.GPUS_BUSY, failed, missing)
         missing = tuple(r for r in range(self.settings.nnodes) if r != self.settings.node_rank)
