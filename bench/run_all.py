@@ -12,6 +12,7 @@ BENCHES = [
     "bench_cleanup.py",
     "bench_launch_overhead.py",
     "bench_guards.py",
+    "bench_cluster_gate.py",
     "bench_logmux.py",
     "bench_pods.py",
     "bench_clusters.py",

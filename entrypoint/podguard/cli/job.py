@@ -3,7 +3,8 @@
     code = run_job_flow(configure(argv, launch_opts, grace_s=7.0), preflight_opts)
 
 1. the restart guard (a restarted container does not re-run a finished job nor crash-loop);
-2. the preflight: select, lease the GPUs, clean up leftover holders, gate;
+2. the preflight: select, lease the GPUs, clean up leftover holders, gate; on a multi-node run, the cluster
+   gate (every node's verdict, then all launch or none: cli/cluster.py);
 3. a free MASTER_PORT and the prepare-once step;
 4. launch in the chosen mode and supervise to the end, under the billing guards; record the outcome;
 5. `--on-exit` (or, when a billing guard ended the job, stop this pod / exit 124: guards/).
@@ -21,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard.cli.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
 from podguard.gpu.selected import Selection
 from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit, configure
@@ -144,8 +146,16 @@ def _flow(
         lease=True,
         extra={**opts.extra, "command_line": f"podguard {opts.command} -- {redact_command(cfg.argv)}"},
     )
+    socket_env, notes = worker_socket_env()  # NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR
     try:
+        gate = cluster_gate_settings(cfg)  # multi-node: bad values are 64 before anything is leased or stopped
         pre = run_preflight(opts, validate_selection=_selection_check(cfg))
+        try:
+            passed = pass_cluster_gate(gate, pre, notes, base) if gate is not None else None  # every node's verdict
+        except BaseException:
+            if pre.lease is not None:
+                pre.lease.release()
+            raise
         if pre.exit_code != ExitCode.OK:
             failed = record(
                 exit_code=pre.exit_code, kind=lifecycle.RunKind.START, detail=pre.message, root_cause="preflight"
@@ -154,8 +164,16 @@ def _flow(
             return healed if healed != pre.exit_code else _after(cfg, pre.exit_code, failed, guards)
         _self_heal(heal, ExitCode.OK, base, pre.report_path)  # a pass resets the failure count
         assert pre.selection is not None
+        if passed is None:
+            _say_all(notes)
         try:
-            code, outcome_record = _launch(cfg, opts, pre.selection, base, key, guards)
+            if passed is not None and not passed.launch:  # another node failed or did not come: nobody launches
+                stopped = record(
+                    exit_code=passed.code, kind=lifecycle.RunKind.START, detail=passed.detail or "cluster gate",
+                    root_cause="cluster gate",
+                )  # fmt: skip
+                return _after(cfg, passed.code, stopped, guards)
+            code, outcome_record = _launch(cfg, opts, pre.selection, base, key, socket_env, guards)
         finally:
             if pre.lease is not None:
                 pre.lease.release()
@@ -170,14 +188,20 @@ def _flow(
 
 
 def _launch(
-    cfg: JobConfig, opts: PreflightOptions, selection: Selection, base: Path, key: str, guards: GuardWatch | None
+    cfg: JobConfig,
+    opts: PreflightOptions,
+    selection: Selection,
+    base: Path,
+    key: str,
+    extra_env: dict[str, str],
+    guards: GuardWatch | None,
 ) -> tuple[int, Path | None]:
     """Steps 3 and 4: port, prepare, the mode's workers under supervision, the outcome record."""
     from podguard.launch import lifecycle
 
     started = time.time()
     run_dir = _run_dir(base)
-    env: dict[str, str] = {"PODGUARD_RUN_DIR": str(run_dir), "PODGUARD_STATE_DIR": str(base)}
+    env: dict[str, str] = {**extra_env, "PODGUARD_RUN_DIR": str(run_dir), "PODGUARD_STATE_DIR": str(base)}
     mode = _pick_mode(cfg, selection)
     port_lease = None
     try:
@@ -232,6 +256,9 @@ def _run_dir(base: Path) -> Path:
 def _pick_mode(cfg: JobConfig, selection: Selection) -> LaunchMode:
     if cfg.mode is not LaunchMode.AUTO:
         return cfg.mode
+    if cfg.multi_node:
+        _say(f"podguard: mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
+        return LaunchMode.TORCHRUN
     from podguard.launch.modes import pick_mode
 
     choice = pick_mode(cfg.argv, selection)
@@ -390,3 +417,8 @@ def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _say_all(lines: list[str]) -> None:
+    for line in lines:
+        _say(f"podguard: {line}")

@@ -303,8 +303,33 @@ LAUNCH = Group(
             metavar="USD",
             panel=GUARDS_PANEL,
         ),
+        "cluster_timeout_s": Param(
+            ("--cluster-timeout",),
+            "Multi-node: seconds every node waits for all nodes' preflight verdicts (the cluster gate) before "
+            "giving up (exit 75, naming the nodes that did not report).",
+            ("PODGUARD_CLUSTER_TIMEOUT",),
+            type=str,
+            parse=lambda raw: _positive_seconds(raw, "--cluster-timeout"),
+            metavar="SECONDS",
+            panel=LAUNCH_PANEL,
+        ),
+        "cluster_port": Param(
+            ("--cluster-port",),
+            "Multi-node: the cluster gate's TCP port on node 0 (default PRIMARY_PORT + 1; the same on every node).",
+            ("PODGUARD_CLUSTER_PORT",),
+            parse=lambda raw: None if raw in (None, "") else parse_int(raw, "PODGUARD_CLUSTER_PORT", 1, 65535),
+            metavar="PORT",
+            panel=LAUNCH_PANEL,
+        ),
     },
 )
+
+
+def _positive_seconds(raw: Any, name: str) -> float:
+    value = seconds(name)(raw)
+    if value <= 0:
+        raise UsageError(f"{name}={raw} is not valid; expected a number of seconds > 0, e.g. 600")
+    return value
 
 
 def _rdzv_backend(raw: Any) -> str:

@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import UsageError
+from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]
 
@@ -59,6 +60,8 @@ class LaunchOptions:
     idle_stop: float | None = None
     max_runtime: float | None = None
     max_cost: float | None = None
+    cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S  # multi-node: how long the cluster gate waits for all nodes
+    cluster_port: int | None = None  # the cluster gate's store port (None: PRIMARY_PORT + 1)
 
 
 @dataclass(frozen=True)

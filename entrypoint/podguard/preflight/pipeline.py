@@ -25,7 +25,7 @@ from podguard.preflight.gate.rules import Finding, GateResult, Verdict
 from podguard.preflight.options import OnFewer, PreflightOptions, validate_options
 from podguard.preflight.selection import mig_scope, parse_count, select_for, select_gpus
 from podguard.records import to_data
-from podguard.report import Timings, format_summary, verdict_word, write_report
+from podguard.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.state import state_dir
 
 if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
@@ -45,6 +45,7 @@ class PreflightResult:
     summary: str  # the short human summary that was printed
     message: str = ""  # one-line reason when exit_code != 0
     lease: GpuLease | None = None  # held GPU leases (train/run); the caller releases them when the job ends
+    reasons: tuple[str, ...] = ()  # when it failed: "UNHEALTHY GPU 0: ...", or "FAIL: <message>" (cluster gate)
 
 
 def run_preflight(
@@ -425,7 +426,21 @@ class Preflight:
         else:
             summary = format_summary(self.payload)
         self._emit(summary)
-        return PreflightResult(self.exit_code, self.selection, report_path, summary, self.message, self.lease)
+        return PreflightResult(
+            self.exit_code, self.selection, report_path, summary, self.message, self.lease, self._reasons()
+        )
+
+    def _reasons(self) -> tuple[str, ...]:
+        """The failure as lines another node can print after `node N: ` (the cluster gate publishes them)."""
+        if self.exit_code == ExitCode.OK:
+            return ()
+        word = verdict_word(self.exit_code)
+        lines = [
+            f"{gpu['verdict'].upper().replace('_', ' ')} GPU {gpu['index']}: {'; '.join(gpu['reasons'])}"
+            for gpu in self.payload.get("gate", {}).get("verdicts", [])
+            if gpu["verdict"] not in (Verdict.HEALTHY, Verdict.IN_USE)
+        ]
+        return tuple(redact_data(lines or [f"{word}: {self.message or 'the preflight failed'}"]))
 
     def _progress(self) -> Callable[[str], None] | None:
         return None if self.quiet else (lambda text: self._emit(f"podguard: {text}"))

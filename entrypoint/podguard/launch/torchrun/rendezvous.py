@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_RDZV_ID",
     "RdzvBackend",
     "Rendezvous",
+    "host_node_addr",
     "rendezvous_args",
     "resolve_rendezvous",
 ]
@@ -79,6 +80,18 @@ def _node_rank(environ: Mapping[str, str], node_rank: int | str | None, n: int) 
     return rank
 
 
+def host_node_addr(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """RunPod's HOST_NODE_ADDR (`PRIMARY_ADDR:PRIMARY_PORT`, `[v6]:port` for IPv6) as (host, port); None if unset."""
+    raw = env_value(environ, "HOST_NODE_ADDR")
+    if raw is None:
+        return None
+    host, sep, port = raw.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port:
+        raise UsageError(f"HOST_NODE_ADDR={raw!r} is not valid; expected HOST:PORT, e.g. 10.65.0.1:29500")
+    return host, parse_port(port, "HOST_NODE_ADDR's port")
+
+
 def _port(environ: Mapping[str, str], master_port: int | str | None, n: int) -> int | None:
     if master_port is not None:
         return parse_port(master_port, "--master-port")
@@ -88,7 +101,8 @@ def _port(environ: Mapping[str, str], master_port: int | str | None, n: int) -> 
         raw = env_value(environ, var)
         if raw is not None:
             return parse_port(raw, var)
-    return DEFAULT_MULTINODE_PORT
+    host_node = host_node_addr(environ)
+    return host_node[1] if host_node is not None else DEFAULT_MULTINODE_PORT
 
 
 def resolve_rendezvous(
@@ -101,7 +115,8 @@ def resolve_rendezvous(
     rdzv_id: str | None = None,
 ) -> Rendezvous:
     """Node count, node rank and the primary's address/port: flags first, then RunPod's Instant Cluster
-    variables (PRIMARY_ADDR / PRIMARY_PORT / NODE_RANK / NUM_NODES / NODE_ADDR), then MASTER_*.
+    variables (PRIMARY_ADDR / PRIMARY_PORT / NODE_RANK / NUM_NODES / NODE_ADDR), then MASTER_*, then
+    HOST_NODE_ADDR (PRIMARY_ADDR:PRIMARY_PORT).
     Bad values raise UsageError (exit 64) naming the value and what is valid."""
     n, name_nnodes = _nnodes(environ, nnodes)
     rank = _node_rank(environ, node_rank, n)
@@ -111,9 +126,12 @@ def resolve_rendezvous(
     if n > 1:
         addr = addr or env_value(environ, "PRIMARY_ADDR") or env_value(environ, "MASTER_ADDR")
         if addr is None:
+            host_node = host_node_addr(environ)
+            addr = host_node[0] if host_node is not None else None
+        if addr is None:
             raise UsageError(
                 f"{name_nnodes}={n} needs the primary node's address: set PRIMARY_ADDR "
-                "(RunPod Instant Clusters set it) or MASTER_ADDR, or pass --master-addr"
+                "(RunPod Instant Clusters set it), MASTER_ADDR or HOST_NODE_ADDR, or pass --master-addr"
             )
         local_addr = env_value(environ, "NODE_ADDR")
     elif port is not None:

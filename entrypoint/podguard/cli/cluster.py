@@ -1,0 +1,104 @@
+"""Where the preflight meets the cluster gate (multi-node runs): the gate's settings, this node's verdict,
+and the workers' socket interface. preflight/ and launch/ never import each other; this glue does.
+
+    settings = cluster_gate_settings(cfg)            # None on one node; 64 for bad values, before any preflight
+    outcome = pass_cluster_gate(settings, pre, notes) # after the preflight: every node's verdict, then the decision
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podguard.errors import UsageError
+from podguard.launch.config import JobConfig
+
+if TYPE_CHECKING:
+    from podguard.launch.cluster.model import GateOutcome, GateSettings
+    from podguard.preflight.pipeline import PreflightResult
+
+__all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
+
+GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome, with wall-clock times
+
+
+def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
+    """The gate's settings on a multi-node run (None on one node, or without NODE_RANK: then said once).
+    Bad values and a Python without torch are refused here (64), before anything is leased or stopped."""
+    if not cfg.multi_node:
+        return None
+    import importlib.util
+
+    from podguard.launch.cluster.model import gate_settings
+    from podguard.launch.torchrun.rendezvous import resolve_rendezvous
+
+    opts = cfg.options
+    rdzv = resolve_rendezvous(
+        os.environ, nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
+        master_port=opts.master_port,
+    )  # fmt: skip
+    if rdzv.node_rank is None:
+        _say("podguard: warning: no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
+        return None
+    assert rdzv.addr is not None and rdzv.port is not None
+    settings = gate_settings(
+        nnodes=rdzv.nnodes,
+        node_rank=rdzv.node_rank,
+        addr=rdzv.addr,
+        rdzv_port=rdzv.port,
+        cluster_port=opts.cluster_port,
+        timeout_s=opts.cluster_timeout_s,
+    )
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError(
+            f"a multi-node run gates the cluster through torch's TCPStore, but {sys.executable} has no torch; "
+            "install it there (pip install torch)"
+        )
+    return settings
+
+
+def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[str], state: Path) -> GateOutcome:
+    """Publish this node's preflight verdict and follow the cluster's decision (the summary is printed);
+    the outcome is also written to `<state>/reports/cluster-gate.json` (best effort)."""
+    import socket
+
+    from podguard.launch.cluster.gate import run_cluster_gate
+    from podguard.launch.cluster.model import NodeVerdict
+    from podguard.report import verdict_word
+
+    verdict = NodeVerdict(
+        rank=settings.node_rank,
+        word=verdict_word(pre.exit_code),
+        code=pre.exit_code,
+        reasons=pre.reasons,
+        host=socket.gethostname(),
+    )
+    outcome = run_cluster_gate(settings, verdict, notes=notes)
+    _record(state, {**outcome.to_data(), "returned_at": time.time(), "endpoint": settings.endpoint})
+    return outcome
+
+
+def _record(state: Path, data: dict[str, object]) -> None:
+    from podguard.state import subdir, write_private
+
+    with contextlib.suppress(OSError):
+        write_private(subdir(state, "reports") / GATE_RECORD, json.dumps(data, indent=2))
+
+
+def worker_socket_env() -> tuple[dict[str, str], list[str]]:
+    """NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR (nothing imported when NODE_ADDR is unset) and the summary line."""
+    if not os.environ.get("NODE_ADDR"):
+        return {}, []
+    from podguard.launch.cluster.netif import socket_ifname_env
+
+    env, note = socket_ifname_env(os.environ)
+    return env, [note] if note else []
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
