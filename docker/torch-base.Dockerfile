@@ -52,7 +52,7 @@ RUN set -eu; \
     python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "podguard needs Python >= 3.11, the base has " + sys.version)'; \
     python3 -m venv --without-pip /opt/podguard; \
     purelib=$(/opt/podguard/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
-    python3 -c 'import site, sys; dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]; print("import site; " + "; ".join("site.addsitedir(%r)" % d for d in dirs))' \
+    python3 -c 'import os, site; dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]; print("import site; " + "; ".join("site.addsitedir(%r)" % d for d in dirs if os.path.isdir(d)))' \
         > "$purelib/podguard-base-site.pth"; \
     PYTHONDONTWRITEBYTECODE=1 /opt/podguard/bin/python -c 'import torch.version' \
         || { echo "podguard: the venv made from the base's python3 cannot import torch" >&2; exit 1; }; \
