@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from imagetools import BASE_IMAGE, ROOT, BuiltImage, docker, podguard
+from imagetools import BASE_IMAGE, ROOT, BuiltImage, docker, logs, podguard, wait_for_log
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -147,12 +148,12 @@ def test_runpod_start_command_on_a_torch_image(torch_base: str, local_index: Pat
     assert re.search(r"\[demo\] DONE steps=\d+ .*ranks=2", out), out[-3000:]
 
 
-@pytest.fixture
-def three_line_image(torch_base: str, local_index: Path, tmp_path: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def three_line_image(torch_base: str, local_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """docs/ways-in.md's Dockerfile built FROM the torch base, which reaches a local index instead of PyPI."""
     lines = _code_block("dockerfile").strip().splitlines()
     assert len(lines) == 3 and lines[0] == "FROM your-image", lines
-    context = tmp_path / "context"
+    context = tmp_path_factory.mktemp("three-lines") / "context"
     shutil.copytree(local_index, context / "index")
     reach_index = ["COPY index/ /opt/index/", "ENV PIP_NO_INDEX=1 PIP_FIND_LINKS=/opt/index"]
     (context / "Dockerfile").write_text("\n".join([f"FROM {torch_base}", *reach_index, *lines[1:]]) + "\n")
@@ -172,3 +173,22 @@ def test_three_line_dockerfile_runs_the_job(three_line_image: str, train_py: Pat
     assert "job finished successfully" in out, out[-3000:]
     config = json.loads(docker("image", "inspect", three_line_image, check=True).stdout)[0]["Config"]
     assert config["Cmd"] == ["podguard", "train", "--", "python", "train.py"], config["Cmd"]
+
+
+def test_three_line_image_stops_cleanly_with_podguard_as_pid1(three_line_image: str) -> None:
+    # No tini in this image: podguard is PID 1, forwards docker stop's SIGTERM to the job and exits 143.
+    job = "print('JOB UP', flush=True); import time; time.sleep(600)"
+    proc = docker("run", "-d", three_line_image, "podguard", "train", "--", "python", "-c", job, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    cid = proc.stdout.strip()
+    try:
+        wait_for_log(cid, "JOB UP")
+        pid1 = docker("exec", cid, "cat", "/proc/1/cmdline", check=True).stdout.replace("\0", " ")
+        assert "podguard train" in pid1, pid1
+        start = time.monotonic()
+        docker("stop", "-t", "10", cid, timeout=60, check=True)
+        took = time.monotonic() - start
+        assert took < 6, f"docker stop took {took:.1f} s: SIGTERM did not end the job (SIGKILL after 10 s)"
+        assert docker("inspect", "-f", "{{.State.ExitCode}}", cid).stdout.strip() == "143", logs(cid)[-2000:]
+    finally:
+        docker("rm", "-f", cid, timeout=60)
