@@ -47,6 +47,7 @@ clean:
 ## no package index. Default base: the Dockerfile's CUDA `-base` image (torch's wheels bring the CUDA libraries).
 ##   make image                                              (CUDA base; TORCH_SPEC resolves the CUDA wheels there)
 ##   make image BASE_IMAGE=podguard-test-base:bookworm IMAGE=podguard-test:latest      (the tests' offline Debian base)
+##   make image BASE_IMAGE=your-image TORCH_SPEC=base IMAGE=me/train:1   (your image's own Python and torch: +<=30 MB)
 IMAGE ?= podguard:latest
 BASE_IMAGE ?=
 

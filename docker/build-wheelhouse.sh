@@ -9,10 +9,14 @@
 # OUT/deps/  what the image installs and nothing more: podguard's core requirements (not the laptop
 #            extras pods/image) + torch, for the image's Python; cached: re-resolved only when
 #            pyproject.toml, TORCH_SPEC or IMAGE_PYTHON change
+# OUT/deps-base/  with TORCH_SPEC=base (`--torch base`: the base image brings Python and torch): the core
+#            requirements without torch, plus a pip wheel (the build runs pip from it, so the base needs
+#            no pip of its own and the image gets none); cached in the same way
 #
 # Environment: IMAGE_PYTHON (the base image's python3 version, e.g. 3.12; default: the host pip's),
 # TORCH_SPEC (default torch==2.13.0: on Linux x86_64 PyPI resolves it to the CUDA 13 build; this project's
-# CI machines carry a CPU build of it on disk), PIP (default: python3 -m pip). pip's own settings
+# CI machines carry a CPU build of it on disk; `base`: no torch, see deps-base above),
+# PIP (default: python3 -m pip). pip's own settings
 # (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, e.g. PyTorch's CUDA 12 index) apply here, on the host only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,26 +32,33 @@ rm -f "$out"/app/*.whl
 SOURCE_DATE_EPOCH=315532800 $pip wheel -q --no-deps -w "$out/app" .
 
 key=$(printf '%s\n%s\n%s\n' "$(sha256sum pyproject.toml)" "$torch_spec" "$image_python-$arch" | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$out/deps/.key" 2>/dev/null || true)" = "$key" ]; then
-  echo "wheelhouse: dependencies cached ($out/deps, python $image_python)"
-  exit 0
+if [ "$torch_spec" = base ]; then
+  deps="$out/deps-base"
+  extra=(pip)
+else
+  deps="$out/deps"
+  extra=("$torch_spec")
 fi
-rm -rf "$out/deps"
-mkdir -p "$out/deps"
 # Binary wheels for the image's Python and any glibc up to 2.35 (Ubuntu 22.04; Debian 12 has 2.36).
 platforms=()
 for tag in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 \
   manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_12 manylinux2010 manylinux_2_5 manylinux1 linux; do
   platforms+=(--platform "${tag}_${arch}")
 done
-echo "wheelhouse: resolving podguard's dependencies + $torch_spec for python $image_python ($arch)"
+if [ "$(cat "$deps/.key" 2>/dev/null || true)" = "$key" ]; then
+  echo "wheelhouse: dependencies cached ($deps, python $image_python)"
+  exit 0
+fi
+rm -rf "$deps"
+mkdir -p "$deps"
+echo "wheelhouse: resolving podguard's dependencies + ${extra[*]} for python $image_python ($arch)"
 # The local wheel by path: a package of the same name on an index must never be picked instead.
 if ! $pip download -q --only-binary=:all: --python-version "$image_python" --implementation cp "${platforms[@]}" \
-  -d "$out/deps" "$(ls "$out"/app/podguard-*.whl)" "$torch_spec" >"$out/download.log" 2>&1; then
+  -d "$deps" "$(ls "$out"/app/podguard-*.whl)" "${extra[@]}" >"$out/download.log" 2>&1; then
   grep -v '^WARNING: Location' "$out/download.log" >&2
   echo "wheelhouse: resolving the dependencies failed (log: $out/download.log)" >&2
   exit 1
 fi
-rm -f "$out"/deps/podguard-*.whl
-echo "$key" >"$out/deps/.key"
-echo "wheelhouse: $(ls "$out"/deps/*.whl | wc -l) wheels in $out/deps"
+rm -f "$deps"/podguard-*.whl
+echo "$key" >"$deps/.key"
+echo "wheelhouse: $(ls "$deps"/*.whl | wc -l) wheels in $deps"

@@ -9,6 +9,11 @@ The session build (`built`) runs, each step cached so a second session is fast:
    secret-looking variables in its environment and a source URL with a token, which
    test_image_layers.py then looks for in every layer and in `docker history`.
 
+The `--torch base` build (`built_torch_base`, only for the tests that ask for it) builds the torch-bearing
+base `podguard-test-torchbase:bookworm` on top of the first (tests/image/support/build-torch-base.sh: torch
+from the host's wheels in a conda-style /opt/conda, first on PATH), then `podguard image build --torch base`
+on it. `any_image` / `any_container` run a test on both images (the default one and the `--torch base` one).
+
 `PODGUARD_TEST_IMAGE=IMAGE` tests an image that already exists instead (the build checks then skip).
 Without a Docker engine these tests skip with the reason, except in CI (`CI=true`), where that fails.
 """
@@ -24,7 +29,16 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from imagetools import BASE_IMAGE, PODGUARD, ROOT, TEST_REPOSITORY, BuiltImage, docker, engine_problem
+from imagetools import (
+    BASE_IMAGE,
+    PODGUARD,
+    ROOT,
+    TEST_REPOSITORY,
+    TORCH_BASE_IMAGE,
+    BuiltImage,
+    docker,
+    engine_problem,
+)
 
 
 def _timed(name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -74,9 +88,50 @@ def image(built: BuiltImage) -> str:
     return built.tag
 
 
+@pytest.fixture(scope="session")
+def torch_base(engine: None) -> str:
+    """The torch-bearing base (the tests' Debian base + torch in /opt/conda), built once and cached."""
+    _timed("base image", [str(ROOT / "tests/image/support/build-base-image.sh"), BASE_IMAGE])
+    script = ROOT / "tests/image/support/build-torch-base.sh"
+    _timed("torch base image", [str(script), TORCH_BASE_IMAGE, BASE_IMAGE], {"PIP": f"{sys.executable} -m pip"})
+    return TORCH_BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def built_torch_base(torch_base: str) -> Iterator[BuiltImage]:
+    """`podguard image build --base <torch base> --torch base`, once per session."""
+    tag = f"{TEST_REPOSITORY}-tb-{uuid.uuid4().hex[:8]}:latest"
+    args = ["image", "build", "--base", torch_base, "--torch", "base", "--tag", tag, "--json"]
+    proc = _timed("podguard image build --torch base", [PODGUARD, *args])
+    result = json.loads(proc.stdout)
+    yield BuiltImage(tag, result, proc.stderr, (), "")
+    docker("rmi", "--no-prune", *result["tags"], timeout=300)
+
+
+@pytest.fixture(scope="session")
+def torch_base_image(built_torch_base: BuiltImage) -> str:
+    return built_torch_base.tag
+
+
+@pytest.fixture(params=["default", "torch-base"])
+def any_image(request: pytest.FixtureRequest) -> str:
+    """The test runs on the default image and on the `--torch base` one."""
+    return request.getfixturevalue("image" if request.param == "default" else "torch_base_image")
+
+
 @pytest.fixture
 def container(image: str) -> Iterator[Callable[..., str]]:
     """`start(*IMAGE_ARGS, opts=[docker run options])` -> container id; every one is removed afterwards."""
+    yield from _containers(image)
+
+
+@pytest.fixture
+def any_container(any_image: str) -> Iterator[Callable[..., str]]:
+    """`container` on each of the two images (see `any_image`)."""
+    yield from _containers(any_image)
+
+
+def _containers(image: str) -> Iterator[Callable[..., str]]:
     started: list[str] = []
 
     def start(*args: str, opts: list[str] | tuple[str, ...] = ()) -> str:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = os.environ.get("PODGUARD_TEST_BASE_IMAGE", "podguard-test-base:bookworm")
+# BASE_IMAGE + torch in a conda-style /opt/conda first on PATH (tests/image/support/build-torch-base.sh)
+TORCH_BASE_IMAGE = "podguard-test-torchbase:bookworm"
 TEST_REPOSITORY = "podguard-test"  # + "-<session>": the version tags a test build gets never move podguard:*
 PODGUARD = str(Path(sys.executable).with_name("podguard"))
 FAKENVML_DIR = ROOT / "tests" / "fakenvml"

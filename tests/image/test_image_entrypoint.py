@@ -14,25 +14,25 @@ from imagetools import docker, logs, proc_table, wait_for_log
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_doctor_sees_tini_as_pid1_and_no_gpu(image: str) -> None:
-    doctor = docker("run", "--rm", image, "doctor")
+def test_doctor_sees_tini_as_pid1_and_no_gpu(any_image: str) -> None:
+    doctor = docker("run", "--rm", any_image, "doctor")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     out = doctor.stdout + doctor.stderr
     assert "CPU only" in out, out
     assert "PID 1 tini" in out, out
 
 
-def test_no_arguments_runs_the_default_command(image: str) -> None:
-    proc = docker("run", "--rm", "-e", "PODGUARD_DEFAULT_CMD=podguard --version", image)
+def test_no_arguments_runs_the_default_command(any_image: str) -> None:
+    proc = docker("run", "--rm", "-e", "PODGUARD_DEFAULT_CMD=podguard --version", any_image)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("podguard "), proc.stdout
 
 
-def test_stop_forwards_sigterm_and_reaps(container) -> None:
+def test_stop_forwards_sigterm_and_reaps(any_container) -> None:
     # The worker leaves an orphan (a backgrounded sleep whose shell exited): it is reparented to podguard,
     # the subreaper, which must reap it when it exits. No zombie may be left in the container.
     worker = "import os, time; os.system('sleep 0.3 &'); print('WORKER UP', flush=True); time.sleep(600)"
-    cid = container("train", "--", "python", "-c", worker)
+    cid = any_container("train", "--", "python", "-c", worker)
     wait_for_log(cid, "WORKER UP")
 
     deadline = time.monotonic() + 20
@@ -61,8 +61,8 @@ def test_stop_forwards_sigterm_and_reaps(container) -> None:
 # -- the rest: RunPod start commands, bad input, PID 1 reaping outside podguard ------------------------
 
 
-def test_runpod_style_start_command(image: str) -> None:
-    proc = docker("run", "--rm", image, "bash", "-c", "podguard run -- echo hello")
+def test_runpod_style_start_command(any_image: str) -> None:
+    proc = docker("run", "--rm", any_image, "bash", "-c", "podguard run -- echo hello")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hello" in proc.stdout.splitlines(), proc.stdout
 
@@ -73,8 +73,8 @@ def test_other_commands_run_as_is(image: str) -> None:
     assert proc.stdout.strip().startswith("/workspace (3, "), proc.stdout
 
 
-def test_bad_input_exits_64_with_one_line(image: str) -> None:
-    proc = docker("run", "--rm", image, "train", "--mode", "warp", "--", "true")
+def test_bad_input_exits_64_with_one_line(any_image: str) -> None:
+    proc = docker("run", "--rm", any_image, "train", "--mode", "warp", "--", "true")
     assert proc.returncode == 64, proc.stdout + proc.stderr
     err_lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(err_lines) == 1, err_lines

@@ -48,14 +48,14 @@ def test_cleanup_via_docker_exec_stops_a_holder_in_the_container(container, nvml
     assert not any(p == pid for p, *_ in proc_table(cid)), "the holder is still running"
 
 
-def test_healthcheck_passes_while_the_job_trains_and_fails_on_a_lost_gpu(container, nvml_node, image) -> None:
+def test_healthcheck_passes_while_the_job_trains_and_fails_on_a_lost_gpu(any_container, nvml_node, any_image) -> None:
     job = holder_command(0, 8192, "/tmp/job.ready")
     opts = [*fake_gpu_args(nvml_node), "-e", "PODGUARD_PROBE=off", "-e", "GPU_LIST=0"]
-    cid = container("train", "--mode", "single", "--", *job, opts=opts)
+    cid = any_container("train", "--mode", "single", "--", *job, opts=opts)
     wait_for(lambda: _ready(cid, "/tmp/job.ready"), "the training job to hold its GPU", 60, cid)
     assert any(nvml_node.procs_dir.iterdir()), "the job did not register on the fake GPU"
 
-    check = _healthcheck(image)
+    check = _healthcheck(any_image)
     healthy = docker("exec", cid, *check, timeout=60)
     assert healthy.returncode == 0, f"{check} exited {healthy.returncode}:\n{healthy.stdout}{healthy.stderr}"
 

@@ -46,8 +46,8 @@ def _restart_into_pause(cid: str, marker: str, runs: int) -> str:
         time.sleep(0.2)
 
 
-def test_a_finished_job_is_not_run_again(container, volume) -> None:
-    cid = container(
+def test_a_finished_job_is_not_run_again(any_container, volume) -> None:
+    cid = any_container(
         "train", "--mode", "single", "--", "sh", "-c", "echo JOB-RAN-$((40 + 2))", opts=["-v", f"{volume}:/workspace"]
     )
     assert wait_exited(cid) == 0, logs(cid)
@@ -58,9 +58,9 @@ def test_a_finished_job_is_not_run_again(container, volume) -> None:
     assert "finished" in out.split("JOB-RAN-42")[-1], out[-2000:]
 
 
-def test_a_job_that_crashes_at_start_backs_off(container, volume) -> None:
+def test_a_job_that_crashes_at_start_backs_off(any_container, volume) -> None:
     job = ["train", "--mode", "single", "--", "sh", "-c", "echo JOB-CRASHED-$((40 + 2)); exit 3"]
-    cid = container(*job, opts=["-v", f"{volume}:/workspace"])
+    cid = any_container(*job, opts=["-v", f"{volume}:/workspace"])
     assert wait_exited(cid) == 3, logs(cid)
     _restart(cid)  # the first retry is immediate: a transient failure should not cost time
     assert wait_exited(cid) == 3, logs(cid)

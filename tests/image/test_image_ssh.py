@@ -52,14 +52,14 @@ def _login_shell(client: paramiko.SSHClient, command: str) -> str:
     return out.decode(errors="replace")
 
 
-def test_public_key_starts_sshd_and_sessions_see_the_pod_env(container) -> None:
+def test_public_key_starts_sshd_and_sessions_see_the_pod_env(any_container) -> None:
     key, public = _key()
     other, other_public = _key()
     env = {**POD_ENV, "PUBLIC_KEY": f"{public}\n{other_public}\n"}  # RunPod passes several keys, one per line
     opts = ["-p", "127.0.0.1::22"]
     for name, value in env.items():
         opts += ["-e", f"{name}={value}"]
-    cid = container("bash", "-c", "echo JOB UP; exec sleep 600", opts=opts)
+    cid = any_container("bash", "-c", "echo JOB UP; exec sleep 600", opts=opts)
     wait_for_log(cid, "sshd started")
     port = int(docker("port", cid, "22/tcp", check=True).stdout.split(":")[-1])
 

@@ -1,6 +1,6 @@
 """The image tooling's pure parts, without an engine: `--gpus` values and who holds which GPU, pod spec
-reading, tags and labels, the build context, the image's Python, log timelines, and the rule that nothing
-but the image commands imports the Docker SDK."""
+reading, tags and labels, the build context, the image's Python, `--torch base`'s checks of the base, log
+timelines, and the rule that nothing but the image commands imports the Docker SDK."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from imagetools import ROOT
 
 from podguard.errors import UsageError
+from podguard.image.basetorch import BaseTorch, parse_probe, require_base_torch
 from podguard.image.build import plan_build, split_reference
 from podguard.image.context import BuildContext
 from podguard.image.gpus import GpuSet, holdings, parse_gpus
@@ -197,6 +198,60 @@ def test_build_context_needs_the_wheelhouse(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM x\n")
     with pytest.raises(UsageError, match=r"build-wheelhouse\.sh"):
         BuildContext.collect(tmp_path)
+
+
+def test_torch_base_context_sends_its_dockerfile_and_the_torchless_wheels(tmp_path: Path) -> None:
+    for rel in ("Dockerfile", "docker/torch-base.Dockerfile", "docker/rootfs/entry",
+                "docker/wheelhouse/app/p-1-py3-none-any.whl", "docker/wheelhouse/deps/torch-2-cp311-x.whl",
+                "docker/wheelhouse/deps-base/typer-1-py3-none-any.whl"):  # fmt: skip
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    ctx = BuildContext.collect(tmp_path, torch_base=True)
+    assert ctx.dockerfile == "docker/torch-base.Dockerfile"
+    assert ctx.files == (
+        "docker/torch-base.Dockerfile",
+        "docker/rootfs/entry",
+        "docker/wheelhouse/app/p-1-py3-none-any.whl",
+        "docker/wheelhouse/deps-base/typer-1-py3-none-any.whl",
+    )
+    plan = plan_build(tmp_path, base="b:1", tag="p:x", meta=SourceMetadata("0.2.0", "unknown", ""), torch_base=True)
+    assert plan.torch_base and plan.buildargs["BASE_IMAGE"] == "b:1"
+
+
+def test_torch_base_dockerfile_keeps_the_images_contract() -> None:
+    # The two Dockerfiles end the same way: entrypoint, default command, health check, labels.
+    default = (ROOT / "Dockerfile").read_text()
+    torch_base = (ROOT / "docker/torch-base.Dockerfile").read_text()
+    for line in default.splitlines():
+        if line.startswith(("ENTRYPOINT", "CMD", "HEALTHCHECK", "    CMD", "LABEL", "      org.")):
+            assert line.rstrip(" \\") in torch_base, line
+
+
+def test_base_probe_and_its_verdicts() -> None:
+    found = parse_probe("python=3.11.7\nexecutable=/opt/conda/bin/python3\ntorch=2.13.0+cpu\n")
+    assert found == BaseTorch("3.11.7", "/opt/conda/bin/python3", "2.13.0+cpu") and found.python_xy == "3.11"
+    require_base_torch(found, "b")
+    cases = [
+        ("python=\n", "has no python3 on its PATH"),
+        ("python=3.10.12\nexecutable=/usr/bin/python3\ntorch=2.1.0\n", r"Python 3\.10\.12; podguard needs >= 3\.11"),
+        ("python=3.8.0\nexecutable=/usr/bin/python3\ntorch=\n", r"Python 3\.8\.0; podguard needs >= 3\.11"),
+        ("python=3.12.1\nexecutable=/usr/bin/python3\ntorch=\n", r"\(/usr/bin/python3, Python 3\.12\.1\) has no torch"),
+    ]
+    for probe, message in cases:
+        with pytest.raises(UsageError, match=message) as err:
+            require_base_torch(parse_probe(probe), "me/img:1")
+        assert "me/img:1" in err.value.message and "\n" not in err.value.message
+
+
+def test_torch_base_and_python_refused_before_any_work() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "podguard", "image", "build", "--torch", "base", "--python", "3.11"],
+        capture_output=True,
+        text=True,
+        env={"DOCKER_HOST": "unix:///nonexistent.sock", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 64, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "--python" in proc.stderr, proc.stderr
 
 
 def test_image_python_from_the_probe() -> None:

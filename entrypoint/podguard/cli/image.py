@@ -17,6 +17,8 @@ import typer
 from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
+    import docker
+
     from podguard.image.run import RunResult
 
 image_app = typer.Typer(
@@ -51,7 +53,8 @@ def build(
         typer.Option(
             "--torch",
             envvar="PODGUARD_TORCH",
-            help="pip requirement for torch, e.g. torch==2.13.0 (default: docker/build-wheelhouse.sh's).",
+            help="pip requirement for torch, e.g. torch==2.13.0 (default: docker/build-wheelhouse.sh's), or "
+            "`base`: use the base image's own Python and torch (podguard adds at most 30 MB).",
         ),
     ] = None,
     tag: Annotated[str, typer.Option("--tag", envvar="PODGUARD_TAG", help="Image name[:tag].")] = "podguard:latest",
@@ -85,21 +88,55 @@ def build(
     split_reference(tag)  # a bad tag fails before any work
     if python is not None and not python.replace(".", "", 1).isdigit():
         raise UsageError(f"--python {python!r} is not valid; expected a version such as 3.12")
+    torch_base = torch == "base"
+    if torch_base and python is not None:
+        raise UsageError("--python cannot be combined with --torch base: the base's own python3 is used")
     root = find_checkout(context or Path.cwd())
     base = base or default_base(root)
     client = connect()
-    python = python or image_python(client, base)
-    print(f"podguard image build: base {base}, Python {python}, torch {torch or 'default'}", file=sys.stderr)
+    if torch_base:
+        python = _base_python(client, base)
+    else:
+        python = python or image_python(client, base)
+        print(f"podguard image build: base {base}, Python {python}, torch {torch or 'default'}", file=sys.stderr)
     build_wheelhouse(root, python=python, torch_spec=torch)
-    plan = plan_build(root, base=base, tag=tag, meta=source_metadata(root, source), nocache=no_cache)
+    meta = source_metadata(root, source)
+    plan = plan_build(root, base=base, tag=tag, meta=meta, nocache=no_cache, torch_base=torch_base)
     result = run_build(client, plan, out=sys.stderr)
     if as_json:
+        print(f"podguard image build: {_added_line(result.added_bytes, base, torch_base)}", file=sys.stderr)
         _emit(asdict(result))
         return
     size_mb = result.size_bytes / 1e6
     print(f"podguard image build: built {result.image_id[:19]} in {result.seconds:.0f} s, {size_mb:.0f} MB")
+    print(f"  {_added_line(result.added_bytes, base, torch_base)}")
     for name in result.tags:
         print(f"  tag {name}")
+
+
+def _base_python(client: docker.DockerClient, base: str) -> str:
+    """`--torch base`: the base's Python X.Y after checking it has Python >= 3.11 and torch (64 otherwise)."""
+    from podguard.image.basetorch import inspect_base, require_base_torch
+
+    found = inspect_base(client, base)
+    require_base_torch(found, base)
+    print(
+        f"podguard image build: base {base}, its Python {found.python} ({found.executable}), its torch {found.torch}",
+        file=sys.stderr,
+    )
+    return found.python_xy
+
+
+def _added_line(added: int, base: str, torch_base: bool) -> str:
+    """What the build added over the base; for `--torch base` against its 30 MB budget."""
+    from podguard.image.build import TORCH_BASE_BUDGET_BYTES
+
+    line = f"podguard adds {added / 1e6:.1f} MB over {base}"
+    if not torch_base:
+        return line
+    if added > TORCH_BASE_BUDGET_BYTES:
+        return f"{line}: more than the {TORCH_BASE_BUDGET_BYTES / 1e6:.0f} MB budget (see the build's apt lines)"
+    return f"{line} (budget {TORCH_BASE_BUDGET_BYTES / 1e6:.0f} MB)"
 
 
 @image_app.command("run")

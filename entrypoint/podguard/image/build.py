@@ -3,6 +3,10 @@
     plan = plan_build(root, base="podguard-test-base:bookworm", tag="podguard-test:latest", meta=source_metadata(root))
     result = run_build(connect(), plan, out=sys.stderr)
 
+`--torch base` (`plan_build(..., torch_base=True)`) builds docker/torch-base.Dockerfile: the base's own
+Python and torch, podguard added on top (image/basetorch.py reads the base first). Either way the result
+says how many bytes the build added over the base (`added_bytes`): podguard's layers.
+
 Tags: the one asked for, plus `<repository>:<version>` and `<repository>:<version>-<revision>`. Build
 arguments are exactly the base and the label values (version, revision, source): nothing from the
 environment is passed, so no secret of the build machine can reach `docker history` or a layer.
@@ -24,7 +28,9 @@ from podguard.image.source import SourceMetadata
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["BuildPlan", "BuildResult", "plan_build", "run_build", "split_reference"]
+__all__ = ["TORCH_BASE_BUDGET_BYTES", "BuildPlan", "BuildResult", "plan_build", "run_build", "split_reference"]
+
+TORCH_BASE_BUDGET_BYTES = 30_000_000  # what `--torch base` may add over the base (PRODUCT.md: 30 MB)
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -36,6 +42,7 @@ class BuildPlan:
     tags: tuple[str, ...]  # the first is the one asked for
     buildargs: dict[str, str] = field(default_factory=dict)
     nocache: bool = False
+    torch_base: bool = False  # the base brings Python and torch (docker/torch-base.Dockerfile)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class BuildResult:
     image_id: str
     tags: tuple[str, ...]
     size_bytes: int
+    base_size_bytes: int
+    added_bytes: int  # size_bytes - base_size_bytes: what podguard's layers add
     seconds: float
     steps: int
     cached_steps: int
@@ -61,7 +70,9 @@ def split_reference(reference: str) -> tuple[str, str]:
     return name, tag
 
 
-def plan_build(root: Path, *, base: str, tag: str, meta: SourceMetadata, nocache: bool = False) -> BuildPlan:
+def plan_build(
+    root: Path, *, base: str, tag: str, meta: SourceMetadata, nocache: bool = False, torch_base: bool = False
+) -> BuildPlan:
     repository, _ = split_reference(tag)
     tags = [tag if ":" in tag.rsplit("/", 1)[-1] else f"{tag}:latest", f"{repository}:{meta.version}"]
     if meta.revision != "unknown":
@@ -69,20 +80,21 @@ def plan_build(root: Path, *, base: str, tag: str, meta: SourceMetadata, nocache
     buildargs = {"BASE_IMAGE": base, "PODGUARD_VERSION": meta.version, "PODGUARD_REVISION": meta.revision}
     if meta.source:
         buildargs["PODGUARD_SOURCE"] = meta.source
-    return BuildPlan(root, base, tuple(dict.fromkeys(tags)), buildargs, nocache)
+    return BuildPlan(root, base, tuple(dict.fromkeys(tags)), buildargs, nocache, torch_base)
 
 
 def run_build(client: docker.DockerClient, plan: BuildPlan, out: TextIO) -> BuildResult:
     """Send the context, stream the engine's progress to `out`, tag the image; one line on failure."""
     from docker.errors import DockerException
 
-    context = BuildContext.collect(plan.root)
+    context = BuildContext.collect(plan.root, torch_base=plan.torch_base)
     printer = BuildPrinter(out)
-    out.write(f"building {plan.tags[0]} on {plan.base} ({len(context.files)} files in the context)\n")
+    out.write(f"building {plan.tags[0]} on {plan.base} from {context.dockerfile} ({len(context.files)} files)\n")
     try:
         events = client.api.build(
             fileobj=context.stream(printer.upload),
             custom_context=True,
+            dockerfile=context.dockerfile,
             tag=plan.tags[0],
             buildargs=plan.buildargs,
             nocache=plan.nocache,
@@ -98,12 +110,15 @@ def run_build(client: docker.DockerClient, plan: BuildPlan, out: TextIO) -> Buil
             repository, tag = split_reference(extra)
             client.api.tag(printer.image_id, repository, tag)
         size = int(client.images.get(printer.image_id).attrs.get("Size", 0))
+        base_size = int(client.images.get(plan.base).attrs.get("Size", 0))
     except DockerException as exc:
         raise engine_error(exc, f"building {plan.tags[0]}") from None
     return BuildResult(
         image_id=printer.image_id,
         tags=plan.tags,
         size_bytes=size,
+        base_size_bytes=base_size,
+        added_bytes=size - base_size,
         seconds=round(time.monotonic() - printer.started, 1),
         steps=printer.steps,
         cached_steps=printer.cached_steps,

@@ -2,9 +2,10 @@
 
 Only the Dockerfile, docker/rootfs/ and the wheels go to the engine: nothing else from the checkout (a
 `.env`, `~/.runpod`, a virtualenv, logs that may carry an index URL) can reach a layer. The same set is
-what `.dockerignore` lets through for a plain `docker build`.
+what `.dockerignore` lets through for a plain `docker build`. `--torch base` builds send
+docker/torch-base.Dockerfile and the torch-less wheelhouse (deps-base) instead.
 
-    ctx = BuildContext.collect(root)
+    ctx = BuildContext.collect(root)                    # or BuildContext.collect(root, torch_base=True)
     for chunk in ctx.stream(on_progress=lambda sent, total: ...): ...
 """
 
@@ -19,33 +20,38 @@ from pathlib import Path
 
 from podguard.errors import UsageError
 
-__all__ = ["CHUNK", "BuildContext"]
+__all__ = ["CHUNK", "DOCKERFILE", "TORCH_BASE_DOCKERFILE", "BuildContext"]
 
 CHUNK = 1 << 20
 FIXED_MTIME = 315532800  # 1980-01-01: unchanged files keep Docker's layer cache whatever their checkout time
 _INCLUDED_TREES = ("docker/rootfs",)
+DOCKERFILE = "Dockerfile"
+TORCH_BASE_DOCKERFILE = "docker/torch-base.Dockerfile"
 _WHEEL_DIRS = ("docker/wheelhouse/app", "docker/wheelhouse/deps")
+_TORCH_BASE_WHEEL_DIRS = ("docker/wheelhouse/app", "docker/wheelhouse/deps-base")
 
 
 @dataclass(frozen=True)
 class BuildContext:
     root: Path
     files: tuple[str, ...]  # paths relative to root, in tar order
+    dockerfile: str = DOCKERFILE
 
     @classmethod
-    def collect(cls, root: Path) -> BuildContext:
+    def collect(cls, root: Path, *, torch_base: bool = False) -> BuildContext:
         """The files to send; a missing wheelhouse is a usage error naming the script that makes it."""
-        files = ["Dockerfile"]
+        dockerfile = TORCH_BASE_DOCKERFILE if torch_base else DOCKERFILE
+        files = [dockerfile]
         for tree in _INCLUDED_TREES:
             for path in sorted((root / tree).rglob("*")):
                 if path.is_file() or path.is_symlink():
                     files.append(path.relative_to(root).as_posix())
-        for folder in _WHEEL_DIRS:
+        for folder in _TORCH_BASE_WHEEL_DIRS if torch_base else _WHEEL_DIRS:
             wheels = sorted((root / folder).glob("*.whl"))
             if not wheels:
                 raise UsageError(f"no wheels in {root / folder}: run docker/build-wheelhouse.sh first")
             files += [w.relative_to(root).as_posix() for w in wheels]
-        return cls(root, tuple(files))
+        return cls(root, tuple(files), dockerfile)
 
     @property
     def size(self) -> int:
