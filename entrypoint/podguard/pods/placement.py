@@ -12,14 +12,18 @@ again, so a create that happened but did not answer is adopted rather than dupli
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
 
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.model import Pod, PodRequest, PodStatus
-from podguard.pods.retry import with_retry
+from podguard.pods.retry import RetryPolicy, with_retry
 
-__all__ = ["create_first_fit", "find_pod", "pods_named"]
+__all__ = ["create_first_fit", "find_pod", "first_fit", "pods_named"]
+
+T = TypeVar("T", bound="Created")
+R = TypeVar("R", bound="Candidate")
 
 _NEXT_CANDIDATE = (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED, ApiErrorKind.FORBIDDEN)
 
@@ -55,12 +59,51 @@ def create_first_fit(
     exclude: Collection[str] = (),
 ) -> Pod:
     """Create the first candidate that has capacity. ApiError NO_CAPACITY (69) lists what was tried."""
+    return first_fit(
+        candidates,
+        api.create_pod,
+        lambda name: pods_named(api, name, exclude=exclude),
+        api.policy,
+        say=say,
+        kind="pod",
+        none_fits="any candidate in the spec",
+    )
+
+
+class Created(Protocol):
+    """What a create returns: a Pod, a Cluster."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class Candidate(Protocol):
+    """A create request: pods' PodRequest, clusters' ClusterRequest."""
+
+    @property
+    def name(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+
+def first_fit(
+    candidates: Sequence[R],
+    create: Callable[[R], T],
+    named: Callable[[str], list[T]],
+    policy: RetryPolicy,
+    *,
+    say: Callable[[str], None],
+    kind: str,
+    none_fits: str,
+) -> T:
+    """The candidate walk shared by pods and clusters: the first one created wins; "no capacity", 400 and 403
+    move on; anything else stops. `named(name)` finds what a lost create answer may have made."""
     tried: list[str] = []
     kinds: set[ApiErrorKind] = set()
     for request in candidates:
-        say(f"creating pod {request.name}: {request.describe()}")
+        say(f"creating {kind} {request.name}: {request.describe()}")
         try:
-            return _create_once(api, request, say=say, exclude=exclude)
+            return _create_once(request, create, named, policy, say=say, kind=kind)
         except ApiError as exc:
             if exc.kind not in _NEXT_CANDIDATE:
                 raise
@@ -70,27 +113,33 @@ def create_first_fit(
     listing = "; ".join(tried)
     if kinds == {ApiErrorKind.FORBIDDEN}:
         raise ApiError(ApiErrorKind.FORBIDDEN, f"the API key may not create any candidate in the spec: {listing}")
-    raise ApiError(ApiErrorKind.NO_CAPACITY, f"no capacity for any candidate in the spec; tried: {listing}")
+    raise ApiError(ApiErrorKind.NO_CAPACITY, f"no capacity for {none_fits}; tried: {listing}")
 
 
-def _create_once(api: PodApi, request: PodRequest, *, say: Callable[[str], None], exclude: Collection[str]) -> Pod:
+def _create_once(
+    request: R,
+    create: Callable[[R], T],
+    named: Callable[[str], list[T]],
+    policy: RetryPolicy,
+    *,
+    say: Callable[[str], None],
+    kind: str,
+) -> T:
     """One candidate, transient failures retried; a possibly-lost create is looked up by name first."""
 
-    def lookup(error: ApiError) -> Pod | None:
+    def lookup(error: ApiError) -> T | None:
         if error.kind is ApiErrorKind.RATE_LIMITED:
             return None  # a 429 was refused before anything happened
-        found = with_retry(
-            lambda: pods_named(api, request.name, exclude=exclude), api.policy, what=f"look up pod {request.name}"
-        )
+        found = with_retry(lambda: named(request.name), policy, what=f"look up {kind} {request.name}")
         if found:
-            say(f"the create answer was lost, but pod {request.name} exists ({found[0].id}): using it")
+            say(f"the create answer was lost, but {kind} {request.name} exists ({found[0].id}): using it")
             return found[0]
         return None
 
     return with_retry(
-        lambda: api.create_pod(request),
-        api.policy,
-        what=f"create pod {request.name}",
+        lambda: create(request),
+        policy,
+        what=f"create {kind} {request.name}",
         before_retry=lookup,
         on_wait=say,
     )

@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection, Sequence
 from podguard.errors import UsageError
 from podguard.pods.clusters.model import Cluster, ClusterRequest
 from podguard.pods.clusters.rest import ClusterApi
-from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.retry import with_retry
+from podguard.pods.errors import ApiErrorKind
+from podguard.pods.placement import first_fit
 
 __all__ = ["clusters_named", "create_cluster_first_fit", "find_cluster"]
 
@@ -48,44 +48,12 @@ def create_cluster_first_fit(
     exclude: Collection[str] = (),
 ) -> Cluster:
     """Create the first candidate with room for every node. ApiError NO_CAPACITY (69) lists what was tried."""
-    tried: list[str] = []
-    kinds: set[ApiErrorKind] = set()
-    for request in candidates:
-        say(f"creating cluster {request.name}: {request.describe()}")
-        try:
-            return _create_once(api, request, say=say, exclude=exclude)
-        except ApiError as exc:
-            if exc.kind not in _NEXT_CANDIDATE:
-                raise
-            kinds.add(exc.kind)
-            tried.append(f"{request.describe()} ({exc.detail or exc.message})")
-            say(f"  not placed: {exc.detail or exc.message}")
-    listing = "; ".join(tried)
-    if kinds == {ApiErrorKind.FORBIDDEN}:
-        raise ApiError(ApiErrorKind.FORBIDDEN, f"the API key may not create any candidate in the spec: {listing}")
-    raise ApiError(ApiErrorKind.NO_CAPACITY, f"no capacity for all nodes of any spec candidate; tried: {listing}")
-
-
-def _create_once(
-    api: ClusterApi, request: ClusterRequest, *, say: Callable[[str], None], exclude: Collection[str]
-) -> Cluster:
-    def lookup(error: ApiError) -> Cluster | None:
-        if error.kind is ApiErrorKind.RATE_LIMITED:
-            return None  # a 429 was refused before anything happened
-        found = with_retry(
-            lambda: clusters_named(api, request.name, exclude=exclude),
-            api.policy,
-            what=f"look up cluster {request.name}",
-        )
-        if found:
-            say(f"the create answer was lost, but cluster {request.name} exists ({found[0].id}): using it")
-            return found[0]
-        return None
-
-    return with_retry(
-        lambda: api.create_cluster(request),
+    return first_fit(
+        candidates,
+        api.create_cluster,
+        lambda name: clusters_named(api, name, exclude=exclude),
         api.policy,
-        what=f"create cluster {request.name}",
-        before_retry=lookup,
-        on_wait=say,
+        say=say,
+        kind="cluster",
+        none_fits="all nodes of any spec candidate",
     )
