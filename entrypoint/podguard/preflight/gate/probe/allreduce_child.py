@@ -13,12 +13,13 @@ exits 0 or 1, never with a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 import warnings
 from datetime import timedelta
+from functools import partial
 from typing import Any
+
+from podguard.preflight.gate.probe.jsonline import one_json_line
 
 WARMUP_ITERATIONS = 3
 MIN_ITERATIONS, MAX_ITERATIONS = 3, 200
@@ -84,20 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, required=True)
     parser.add_argument("--target-s", type=float, default=0.2)
     args = parser.parse_args(argv)
-    started = time.monotonic()
-    report: dict[str, Any] = {"ok": False, "rank": args.rank, "error": None}
-    try:
-        report.update(run(args.rank, args.world, args.store, args.backend, args.bytes, args.target_s))
-        report["ok"] = True
-    except AllreduceFailure as exc:
-        report["error"] = str(exc)
-    except BaseException as exc:  # an NCCL/CUDA error, a lost peer, Ctrl-C: one JSON line, no traceback
-        lines = (str(exc).strip() or type(exc).__name__).splitlines()
-        report["error"] = f"{type(exc).__name__}: {lines[0][:400]}"
-    report["ms"] = round((time.monotonic() - started) * 1000, 1)
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
-    return 0 if report["ok"] else 1
+    work = partial(run, args.rank, args.world, args.store, args.backend, args.bytes, args.target_s)
+    return one_json_line(work, AllreduceFailure, {"rank": args.rank})
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ measurement fails the probe like a failed check.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from podguard.preflight.gate.probe.jsonline import one_json_line
 
 N = 1024
 H2D_LOCK_NAME = "podguard-h2d.lock"  # in the temp dir: the node's probes take turns on the host link
@@ -106,20 +106,7 @@ def _measure(torch: Any, device: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    started = time.monotonic()
-    report: dict[str, Any] = {"ok": False, "ms": None, "device": None, "uuid": None, "error": None}
-    try:
-        report.update(probe())
-        report["ok"] = True
-    except ProbeFailure as exc:
-        report["error"] = str(exc)
-    except BaseException as exc:  # a CUDA error, an OOM, Ctrl-C: one JSON line, no traceback
-        lines = (str(exc).strip() or type(exc).__name__).splitlines()
-        report["error"] = f"{type(exc).__name__}: {lines[0][:400]}"
-    report["ms"] = round((time.monotonic() - started) * 1000, 1)
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
-    return 0 if report["ok"] else 1
+    return one_json_line(probe, ProbeFailure, {"ms": None, "device": None, "uuid": None})
 
 
 if __name__ == "__main__":
