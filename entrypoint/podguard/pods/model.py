@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from podguard.pods.spend import cost_of, seconds_since
+
 __all__ = [
     "ApiKind",
     "CpuInfo",
@@ -122,6 +124,14 @@ class Pod:
     started_at: str | None = None
     created_at: str | None = None
 
+    def uptime_s(self, now: float | None = None) -> float | None:
+        """Seconds running since its last start: None unless RUNNING with a start time in the API."""
+        return seconds_since(self.started_at, now) if self.status is PodStatus.RUNNING else None
+
+    def spent_usd(self, now: float | None = None) -> float | None:
+        """What it has cost since its last start (cost_per_hr x uptime), an estimate."""
+        return cost_of(self.cost_per_hr, self.uptime_s(now))
+
 
 # The `--json` view: what PRODUCT.md promises plus a few useful fields. Never `env` (it may hold secrets).
 _PUBLIC = ("id", "name", "status", "gpu", "cost_per_hr", "ssh", "ports", "actions", "image", "data_center")
@@ -134,11 +144,9 @@ def public_view(pod: Pod) -> dict[str, Any]:
     view["actions"] = [str(a) for a in pod.actions]
     view["status"] = str(pod.status)
     view["started_at"] = pod.started_at
-    from podguard.pods.spend import uptime_s  # (spend.py imports this module)
-
-    up = uptime_s(pod)
+    up, spent = pod.uptime_s(), pod.spent_usd()
     view["uptime_s"] = None if up is None else round(up, 1)
-    view["spent_usd"] = None if up is None or pod.cost_per_hr is None else round(pod.cost_per_hr * up / 3600, 4)
+    view["spent_usd"] = None if spent is None else round(spent, 4)
     return view
 
 

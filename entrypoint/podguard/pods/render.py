@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from podguard.durations import format_duration
 from podguard.pods.model import Pod
-from podguard.pods.spend import spent_usd, uptime_s
 
 __all__ = ["pod_details", "pod_table"]
 
@@ -28,12 +27,12 @@ def _cost(pod: Pod) -> str:
 
 
 def _uptime(pod: Pod) -> str:
-    up = uptime_s(pod)
+    up = pod.uptime_s()
     return "-" if up is None else format_duration(up)
 
 
 def _spent(pod: Pod) -> str:
-    spent = spent_usd(pod)
+    spent = pod.spent_usd()
     return "-" if spent is None else f"${spent:.2f}"
 
 
@@ -72,7 +71,7 @@ def pod_details(pod: Pod) -> str:
         f"gpu:      {_gpu(pod)}",
         f"cost:     {_cost(pod)}",
         f"uptime:   {_uptime(pod)}",
-        f"spent:    {_spent(pod)}" + (" (since its start, an estimate)" if spent_usd(pod) is not None else ""),
+        f"spent:    {_spent(pod)}" + (" (since its start, an estimate)" if pod.spent_usd() is not None else ""),
         f"ssh:      {pod.ssh or '-'}",
         f"ports:    {ports or ', '.join(pod.port_specs) or '-'}",
     ]

@@ -1,10 +1,11 @@
-"""A pod's time running since its last start and what it cost: `pod list`/`pod status` and `--max-cost`.
+"""Time running and what it cost: the arithmetic behind a pod's `uptime_s`/`spent_usd` and `--max-cost`.
 
-    uptime_s(pod)      # seconds since the API's startedAt while RUNNING, else None
-    spent_usd(pod)     # cost_per_hr x that time, an estimate (None when either is unknown)
+    seconds_since(pod.started_at)          # seconds since the API's startedAt, None when unknown
+    cost_of(pod.cost_per_hr, seconds)      # cost_per_hr x that time, an estimate
 
 RunPod bills by the second while the pod runs; `startedAt` is the pod's start (a restart of the container
-inside it does not move it), so the estimate survives container restarts.
+inside it does not move it), so the estimate survives container restarts. `Pod.uptime_s()` and
+`Pod.spent_usd()` (pods/model.py) apply it to a pod.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from podguard.pods.model import Pod, PodStatus
-
-__all__ = ["parse_timestamp", "spent_usd", "uptime_s"]
+__all__ = ["cost_of", "parse_timestamp", "seconds_since"]
 
 
 def parse_timestamp(text: str | None) -> float | None:
@@ -28,20 +27,17 @@ def parse_timestamp(text: str | None) -> float | None:
     return stamp.timestamp() if stamp.tzinfo is not None else None
 
 
-def uptime_s(pod: Pod, now: float | None = None) -> float | None:
-    """Seconds the pod has been running since its last start; None when it is not RUNNING or the API gave
-    no start time (GraphQL). Never negative (clock skew between here and the API)."""
-    if pod.status is not PodStatus.RUNNING:
-        return None
-    started = parse_timestamp(pod.started_at)
+def seconds_since(started_at: str | None, now: float | None = None) -> float | None:
+    """Seconds since `started_at`; None when the API gave no start time (GraphQL). Never negative (clock skew
+    between here and the API)."""
+    started = parse_timestamp(started_at)
     if started is None:
         return None
     return max(0.0, (time.time() if now is None else now) - started)
 
 
-def spent_usd(pod: Pod, now: float | None = None) -> float | None:
-    """cost_per_hr x uptime: what the pod has cost since its last start (an estimate)."""
-    up = uptime_s(pod, now)
-    if up is None or pod.cost_per_hr is None:
+def cost_of(cost_per_hr: float | None, seconds: float | None) -> float | None:
+    """cost_per_hr x seconds, in US dollars; None when either is unknown."""
+    if seconds is None or cost_per_hr is None:
         return None
-    return pod.cost_per_hr * up / 3600.0
+    return cost_per_hr * seconds / 3600.0
