@@ -408,9 +408,7 @@ def heal(
     result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
     progress.close()
     record = heal_record(target, result)
-    where = _save_heal_record(target.id, record)
-    if where:
-        progress.say(f"heal record: {where}")
+    _note_heal_record(target.id, record, progress)
     _show(result.pod, as_json, {"heal": record})
     if result.code != ExitCode.OK:
         lines = [result.message, *[f"  | {line}" for line in result.lines]]
@@ -433,22 +431,11 @@ def _heal_cluster(
 
 
 def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress) -> None:
-    where = _save_heal_record(target_id, record)
+    from podguard.pods.heal import save_heal_record
+
+    where = save_heal_record(target_id, record)
     if where:
         progress.say(f"heal record: {where}")
-
-
-def _save_heal_record(pod_id: str, record: dict[str, Any]) -> Path | None:
-    import time
-
-    from podguard.state import state_dir, subdir, write_private
-
-    try:
-        path = subdir(state_dir(), "heal") / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{pod_id}.json"
-        write_private(path, json.dumps(record, indent=2, default=str))
-        return path
-    except (OSError, PodguardError):
-        return None
 
 
 @template_app.command("push")

@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
 from podguard.errors import ExitCode
 from podguard.pods.actions import act_on
@@ -216,3 +218,18 @@ def heal_record(pod: Pod, result: HealResult) -> dict[str, object]:
         "result_pod": result.pod.id,
         "steps": [asdict(s) for s in result.steps],
     }
+
+
+def save_heal_record(target_id: str, record: Mapping[str, Any]) -> Path | None:
+    """`<state dir>/heal/<time>-<id>.json` (owner-only); None when the state dir cannot take it (best effort)."""
+    import json
+
+    from podguard.errors import PodguardError
+    from podguard.state import state_dir, subdir, write_private
+
+    try:
+        path = subdir(state_dir(), "heal") / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{target_id}.json"
+        write_private(path, json.dumps(record, indent=2, default=str))
+        return path
+    except (OSError, PodguardError):
+        return None
