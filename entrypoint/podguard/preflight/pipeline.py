@@ -22,8 +22,8 @@ from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.gpu.selected import Selection
 from podguard.preflight.gate.rules import Finding, GateResult, Verdict
-from podguard.preflight.options import OnFewer, PreflightOptions, validate_options
-from podguard.preflight.selection import mig_scope, parse_count, select_for, select_gpus
+from podguard.preflight.options import PreflightOptions, validate_options
+from podguard.preflight.selection import mig_scope, select_for, select_gpus
 from podguard.records import to_data
 from podguard.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.state import state_dir
@@ -330,33 +330,19 @@ class Preflight:
         ]
 
     def _exclude(self, gate: GateResult) -> None:
-        """--degraded exclude: run on the GPUs left when they still meet NPROC_PER_NODE and the expected count
-        (RUNPOD_GPU_COUNT / --expect-gpus), or --on-fewer-gpus continue says so; else 69. Excluded GPUs stay
-        leased for the run: no other podguard run lands on them meanwhile."""
+        """--degraded exclude: run on the rest when it still meets what the job needs (preflight/exclusion.py)."""
+        from podguard.preflight.exclusion import exclude_degraded
+
         assert self.selection is not None
-        selection, opts = self.selection, self.opts
-        out = {v.index for v in gate.excluded}
-        why = "; ".join(f"GPU{v.index} {', '.join(d.text for d in v.degraded)}" for v in gate.excluded)
-        rest = tuple(g for g in selection.gpus if g.index not in out)
-        left = len({g.index for g in rest})
-        nproc = parse_count(opts.nproc_per_node, "NPROC_PER_NODE", minimum=1)
-        short = []
-        if nproc is not None and left < nproc:
-            short.append(f"NPROC_PER_NODE={nproc}")
-        if selection.expected and selection.inventory_count - len(out) < selection.expected:
-            short.append(f"the expected {selection.expected} GPUs (RUNPOD_GPU_COUNT / --expect-gpus)")
-        excluded = f"excluded degraded GPU(s) {_ids(sorted(out))} ({why})"
-        if not left or (short and opts.on_fewer == OnFewer.FAIL):
-            needs = f"fewer than {' and '.join(short)} needs" if short else "nothing to run on"
+        outcome = exclude_degraded(
+            self.selection, gate.excluded, nproc_per_node=self.opts.nproc_per_node, on_fewer=self.opts.on_fewer
+        )
+        if outcome.selection is None:
             self.exit_code = ExitCode.GPUS_MISSING
-            self.message = f"{excluded}: {left} GPU(s) left, {needs}"
+            self.message = outcome.message
             return
-        if short:
-            self.payload["warnings"].append(
-                f"FEWER GPUS THAN EXPECTED: {' and '.join(short)}; continuing with {left} (--on-fewer-gpus continue)"
-            )
-        self.payload["warnings"].append(f"{excluded}; running on GPU(s) {_ids(sorted({g.index for g in rest}))}")
-        self.selection = replace(selection, gpus=rest)
+        self.payload["warnings"].extend(outcome.warnings)
+        self.selection = outcome.selection
 
     # -- verdict and report --------------------------------------------------------------------------
 
