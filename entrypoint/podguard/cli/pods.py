@@ -256,9 +256,7 @@ def logs(
     """The pod's recent log lines (`--tail N`); `--follow` keeps streaming until interrupted.
 
     For a cluster, every node's lines prefixed `node<R>: ` (or one node's with `--node R`)."""
-    import time
-
-    from podguard.pods.follow import LogFollower, drain_quiet
+    from podguard.pods.follow import LogFollower, print_logs
 
     client, target = _client_and_pod(api, retry_for, pod)
     tuning = _tuning()
@@ -273,22 +271,12 @@ def logs(
     if node is not None:
         raise UsageError(f"--node {node} applies to clusters only; {target.name} is a pod")
     follower = LogFollower(client, target.id, since=None, tail=tail, backoff_s=tuning.backoff_s)
-    follower.start()
     try:
-        if not follow:
-            for event in drain_quiet(follower, idle_s=tuning.logs_idle_s, limit=tail, deadline=time.monotonic() + 60):
-                _print_event(event, as_json)
-            return
-        while True:
-            item = follower.get(3600.0)
-            if isinstance(item, PodguardError):
-                raise item
-            if item is not None:
-                _print_event(item, as_json)
+        print_logs(
+            follower, follow=follow, tail=tail, idle_s=tuning.logs_idle_s, emit=lambda e: _print_event(e, as_json)
+        )
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    finally:
-        follower.stop()
 
 
 def _print_event(event: Any, as_json: bool) -> None:

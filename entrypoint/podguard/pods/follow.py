@@ -21,7 +21,7 @@ from podguard.pods.api import LogStream, PodApi
 from podguard.pods.errors import ApiError
 from podguard.pods.model import LogEvent
 
-__all__ = ["LogFollower"]
+__all__ = ["LogFollower", "drain_quiet", "print_logs"]
 
 
 class LogFollower(threading.Thread):
@@ -116,3 +116,23 @@ def drain_quiet(follower: LogFollower, *, idle_s: float, limit: int | None, dead
             raise item
         events.append(item)
     return events
+
+
+def print_logs(
+    follower: LogFollower, *, follow: bool, tail: int, idle_s: float, emit: Callable[[LogEvent], None]
+) -> None:
+    """`pod logs`: the recent lines (until the stream is quiet), or with `follow` every line until interrupted."""
+    follower.start()
+    try:
+        if not follow:
+            for event in drain_quiet(follower, idle_s=idle_s, limit=tail, deadline=time.monotonic() + 60):
+                emit(event)
+            return
+        while True:
+            item = follower.get(3600.0)
+            if isinstance(item, ApiError):
+                raise item
+            if item is not None:
+                emit(item)
+    finally:
+        follower.stop()
