@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT  # (also puts tests/ on sys.path)
+
+from loopback import free_port_pair
 
 NODE = """
 import io, json, sys, time
@@ -45,26 +45,13 @@ print(json.dumps({**outcome.to_data(), "returned_at": time.time()}), flush=True)
 """
 
 
-def _free_port() -> int:
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
-
-
 def _delay(rank: int, nnodes: int) -> str:
     return "0.3" if rank == nnodes - 1 else "0"
 
 
 def one_round(nnodes: int, fail: bool) -> float:
     """Seconds from the last verdict to the last node's decision, for one gate of `nnodes` processes."""
-    port = _free_port()
+    port = free_port_pair()
     env_path = str(ROOT / "entrypoint")
     procs = [
         subprocess.Popen(

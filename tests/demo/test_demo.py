@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from loopback import free_port
+
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _base_env(state: Path) -> dict[str, str]:
@@ -32,7 +27,7 @@ def _base_env(state: Path) -> dict[str, str]:
 
 
 def _start_ranks(state: Path, world: int, *args: str) -> list[subprocess.Popen[str]]:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = _base_env(state) | {

@@ -9,7 +9,6 @@ started anywhere" is checked on disk, not only in the output.
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fakenvml import scenario as sc
+from loopback import cluster_node_env, free_port_pair
 
 pytestmark = [
     pytest.mark.slow,
@@ -36,45 +36,10 @@ print("worker", os.environ["RANK"], "started", flush=True)
 """
 
 
-def _free_port() -> int:
-    """A port whose successor is free too (the gate's default port is PRIMARY_PORT + 1)."""
-    for _ in range(50):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
-
-
-def _cpu_env(tmp_path: Path, node_rank: int, port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODGUARD_", "MASTER_", "TORCHELASTIC_"))}
-    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_ADDR"):
-        env.pop(var, None)
-    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "HOST_NODE_ADDR", "RUNPOD_GPU_COUNT"):
-        env.pop(var, None)
-    env.update(
-        LD_LIBRARY_PATH="",  # no NVIDIA driver: a CPU node
-        PODGUARD_PROBE="off",
-        PODGUARD_STATE_DIR=str(tmp_path / f"node{node_rank}"),  # separate machines do not share a state dir
-        NUM_NODES="2",
-        NODE_RANK=str(node_rank),
-        PRIMARY_ADDR="127.0.0.1",
-        PRIMARY_PORT=str(port),
-        NUM_TRAINERS="2",
-        OMP_NUM_THREADS="1",
-        **extra,
-    )
-    return env
-
-
 def _sick_env(nvml_node, tmp_path: Path, node_rank: int, port: int) -> dict[str, str]:
     """A node whose only selected GPU has uncorrected ECC errors: its own preflight says UNHEALTHY (76)."""
     nvml_node.write(sc.ecc_and_remap(ecc_gpu=1, remap_gpu=2))
-    env = _cpu_env(tmp_path, node_rank, port, GPU_LIST="1")
+    env = cluster_node_env(tmp_path, node_rank, port, GPU_LIST="1")
     fake = nvml_node.env
     for var in ("LD_LIBRARY_PATH", "FAKE_NVML_SCENARIO", "FAKE_NVML_PROCS_DIR", "PODGUARD_DEV_DIR"):
         env[var] = fake[var]
@@ -113,9 +78,9 @@ def _markers(tmp_path: Path) -> dict[str, str]:
 
 
 def test_all_healthy_nodes_launch_every_rank_and_workers_use_the_interface_holding_node_addr(tmp_path: Path):
-    port = _free_port()
-    node1 = _start(tmp_path, _cpu_env(tmp_path, 1, port, NODE_ADDR="127.0.0.1"), mode="auto")  # first: it waits
-    node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port, NODE_ADDR="127.0.0.1"), mode="auto")
+    port = free_port_pair()
+    node1 = _start(tmp_path, cluster_node_env(tmp_path, 1, port, NODE_ADDR="127.0.0.1"), mode="auto")  # first: it waits
+    node0 = _start(tmp_path, cluster_node_env(tmp_path, 0, port, NODE_ADDR="127.0.0.1"), mode="auto")
     code0, out0, _ = _finish(node0)
     code1, out1, _ = _finish(node1)
     assert code0 == 0, out0[-3000:]
@@ -131,8 +96,8 @@ def test_all_healthy_nodes_launch_every_rank_and_workers_use_the_interface_holdi
 def test_an_unhealthy_node_stops_the_whole_cluster_within_seconds_and_no_worker_starts(
     tmp_path: Path, nvml_node
 ):  # fmt: skip
-    port = _free_port()
-    node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port))
+    port = free_port_pair()
+    node0 = _start(tmp_path, cluster_node_env(tmp_path, 0, port))
     node1 = _start(tmp_path, _sick_env(nvml_node, tmp_path, 1, port))
     code1, out1, ended1 = _finish(node1)
     code0, out0, ended0 = _finish(node0)
@@ -149,13 +114,13 @@ def test_an_unhealthy_node_stops_the_whole_cluster_within_seconds_and_no_worker_
 
 
 def test_node_0_failing_still_tells_a_node_that_starts_after_it_decided(tmp_path: Path, nvml_node):
-    port = _free_port()
+    port = free_port_pair()
     node0 = _start(tmp_path, _sick_env(nvml_node, tmp_path, 0, port))
     state = tmp_path / "node0" / "reports"
     deadline = time.monotonic() + 60
     while not state.exists() and time.monotonic() < deadline:  # node 0's preflight has failed and it hosts
         time.sleep(0.05)
-    node1 = _start(tmp_path, _cpu_env(tmp_path, 1, port))
+    node1 = _start(tmp_path, cluster_node_env(tmp_path, 1, port))
     code1, out1, _ = _finish(node1)
     code0, out0, _ = _finish(node0)
     assert code0 == 76, out0[-3000:]
@@ -165,9 +130,9 @@ def test_node_0_failing_still_tells_a_node_that_starts_after_it_decided(tmp_path
 
 
 def test_a_node_that_never_starts_makes_the_others_exit_75_after_the_cluster_timeout(tmp_path: Path):
-    port = _free_port()
+    port = free_port_pair()
     started = time.monotonic()
-    node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port), "--cluster-timeout", "3")
+    node0 = _start(tmp_path, cluster_node_env(tmp_path, 0, port), "--cluster-timeout", "3")
     code0, out0, ended = _finish(node0)
     assert code0 == 75, out0[-3000:]
     assert "node(s) 1 did not report within 3 s (--cluster-timeout)" in out0
@@ -176,8 +141,8 @@ def test_a_node_that_never_starts_makes_the_others_exit_75_after_the_cluster_tim
 
 
 def test_sigterm_while_waiting_for_the_other_nodes_exits_promptly_with_143(tmp_path: Path):
-    port = _free_port()
-    node1 = _start(tmp_path, _cpu_env(tmp_path, 1, port))  # node 0 never comes: node 1 waits for it
+    port = free_port_pair()
+    node1 = _start(tmp_path, cluster_node_env(tmp_path, 1, port))  # node 0 never comes: node 1 waits for it
     out = ""
     deadline = time.monotonic() + 60
     report = tmp_path / "node1" / "reports" / "latest.json"
@@ -193,11 +158,11 @@ def test_sigterm_while_waiting_for_the_other_nodes_exits_promptly_with_143(tmp_p
 
 
 def test_a_cluster_port_in_use_on_node_0_is_64_naming_the_variable(tmp_path: Path):
-    port = _free_port()
+    port = free_port_pair()
     with socket.socket() as squatter:
         squatter.bind(("0.0.0.0", port + 1))
         squatter.listen()
-        node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port))
+        node0 = _start(tmp_path, cluster_node_env(tmp_path, 0, port))
         code, out, _ = _finish(node0, timeout=60)
     assert code == 64, out[-3000:]
     assert f"port {port + 1} is in use on node 0; set PODGUARD_CLUSTER_PORT" in out
@@ -223,20 +188,20 @@ def test_a_stale_store_of_an_earlier_attempt_is_not_followed_and_the_next_one_is
     from podguard.launch.cluster.protocol import ROOT, SESSION_KEY, load_store_class
 
     store_class = load_store_class()  # torch's TCPStore, imported quietly
-    port = _free_port()
+    port = free_port_pair()
     # what an earlier attempt's node 0 left while it lingered: its session and a launch decision
     ten_s = datetime.timedelta(seconds=10)
     stale = store_class("127.0.0.1", port + 1, None, True, timeout=ten_s, wait_for_workers=False)
     stale.set(SESSION_KEY, "earlier")
     stale.set(f"{ROOT}/earlier/decision", '{"code": 0, "failed": [], "missing": []}')
     baseline = _connections_to(port + 1)  # the store's own client
-    node1 = _start(tmp_path, _cpu_env(tmp_path, 1, port))
+    node1 = _start(tmp_path, cluster_node_env(tmp_path, 1, port))
     deadline = time.monotonic() + 60
     while _connections_to(port + 1) <= baseline and time.monotonic() < deadline:  # node 1 reached the stale store
         time.sleep(0.05)
     time.sleep(0.3)  # well under a second: node 1 reads the stale decision (milliseconds)
     del stale  # node 0 of that attempt is gone; the next attempt's node 0 starts
-    node0 = _start(tmp_path, _cpu_env(tmp_path, 0, port))
+    node0 = _start(tmp_path, cluster_node_env(tmp_path, 0, port))
     code0, out0, _ = _finish(node0)
     code1, out1, _ = _finish(node1)
     assert code1 == 0, out1[-3000:]

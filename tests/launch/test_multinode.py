@@ -9,9 +9,7 @@ torchrun job costs the logs, never the job.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from loopback import cluster_node_env, free_port_pair
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,39 +47,14 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _node_env(tmp_path: Path, node_rank: int, port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODGUARD_", "MASTER_", "TORCHELASTIC_"))}
-    env.update(
-        LD_LIBRARY_PATH="",  # no NVIDIA driver: a CPU node, gloo
-        PODGUARD_PROBE="off",
-        PODGUARD_STATE_DIR=str(tmp_path / f"node{node_rank}"),  # separate machines do not share a state dir
-        NUM_NODES="2",
-        NODE_RANK=str(node_rank),
-        PRIMARY_ADDR="127.0.0.1",
-        PRIMARY_PORT=str(port),
-        NUM_TRAINERS="2",
-        OMP_NUM_THREADS="1",
-        **extra,
-    )
-    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(var, None)
-    return env
-
-
 def _two_nodes(tmp_path: Path, **extra: str) -> list[subprocess.CompletedProcess[str]]:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    port = _free_port()
+    port = free_port_pair()
     procs = [
         subprocess.Popen(
             [*PODGUARD, "train", "--mode", "torchrun", "--grace", "3", "--", sys.executable, str(script)],
-            env=_node_env(tmp_path, rank, port, **extra),
+            env=cluster_node_env(tmp_path, rank, port, **extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

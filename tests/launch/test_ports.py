@@ -6,7 +6,6 @@ held together by stand-in runs); these are the port module's own rules.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loopback import free_port
 from podguard import locks
 from podguard.errors import UsageError
 from podguard.launch.ports import allocate_master_port, parse_port
@@ -31,12 +31,6 @@ def test_bad_ports_are_usage_errors_naming_the_value(raw, needle):
     assert parse_port(" 29500 ") == 29500 and parse_port(1, "--master-port") == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 HOLDER = textwrap.dedent(
     """
     import sys
@@ -50,7 +44,7 @@ HOLDER = textwrap.dedent(
 
 
 def test_a_port_leased_by_another_run_is_refused_naming_it_without_its_secrets(tmp_path: Path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(port), str(tmp_path), "--hf_token", "hf_" + "a" * 34],
         stdin=subprocess.PIPE,
@@ -75,7 +69,7 @@ def test_a_port_leased_by_another_run_is_refused_naming_it_without_its_secrets(t
 
 def test_default_lease_folder_is_per_host_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
-    with allocate_master_port(start=_free_port()) as lease:
+    with allocate_master_port(start=free_port()) as lease:
         assert lease.path is not None
         assert lease.path.parent.parent == tmp_path / "state" / "leases"
         assert lease.path.parent.name == f"ports-{locks.host_id()}"
@@ -86,5 +80,5 @@ def test_a_state_dir_without_flock_leases_in_a_host_local_folder(tmp_path: Path,
     monkeypatch.setattr(locks, "flock_supported", lambda directory: False)  # as on an NFS volume without locks
     local = tmp_path / "local"
     monkeypatch.setattr(locks, "local_lock_dir", lambda area: local / area)
-    with allocate_master_port(start=_free_port()) as lease:
+    with allocate_master_port(start=free_port()) as lease:
         assert lease.path is not None and lease.path.is_relative_to(local / "leases")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from loopback import free_port
 from podguard.errors import UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.modes import only_for_gpu
@@ -218,14 +218,8 @@ gpus = 2
     assert next(w for w in outcome.workers if w.name == "server").stopped_by_podguard
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ready_by_health_url(tmp_path: Path):
-    port = _free_port()
+    port = free_port()
     (tmp_path / "health").write_text("ok")
     job = _write(
         tmp_path,

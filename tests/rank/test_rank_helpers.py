@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from loopback import free_port
 from podguard.errors import PodguardError, UsageError
 from podguard.rank import build_config, load_config_file, log_memory, preset, read_dist_env, resolve_device_index
 from podguard.rank.init import claim_cuda_device, is_busy_error
@@ -24,12 +24,6 @@ from podguard.rank.memlog import read_host_memory
 pytestmark = pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")  # CPU torch without numpy
 
 BUSY = "CUDA error: CUDA-capable device(s) is/are busy or unavailable"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _py(code: str, tmp_path: Path, name: str) -> Path:
@@ -304,7 +298,7 @@ sys.exit(code)
 
 def _run_ranks(tmp_path: Path, policy: str, bad: str, tag: str) -> list[subprocess.Popen[str]]:
     script = _py(NAN_RANK, tmp_path, "nan_rank.py")
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = {
