@@ -58,6 +58,17 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def _wait_until_quiet(pid: int, deadline: float, step_s: float = 0.2, quiet_s: float = 0.002) -> None:
+    """Poll the supervisor's CPU time until a step adds less than `quiet_s` (or the deadline passes)."""
+    last = cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(step_s)
+        now = cpu_s(pid)
+        if now - last < quiet_s:
+            return
+        last = now
+
+
 def supervisor_cpu_ms_per_min(env: dict[str, str], extra: list[str]) -> float:
     proc = subprocess.Popen(
         [*PODGUARD, "run", *extra, "--", *JOB],
@@ -73,7 +84,7 @@ def supervisor_cpu_ms_per_min(env: dict[str, str], extra: list[str]) -> float:
                 break
         else:
             raise SystemExit(f"the job did not start: exit {proc.wait()}")
-        time.sleep(1.0)  # start-up (imports, preflight) is over; the loop now only waits
+        _wait_until_quiet(proc.pid, deadline=time.monotonic() + 5.0)  # start-up's last work (log threads) done
         before, started = cpu_s(proc.pid), time.monotonic()
         time.sleep(WINDOW_S)
         used, elapsed = cpu_s(proc.pid) - before, time.monotonic() - started
