@@ -271,7 +271,7 @@ class _Handler(BaseHTTPRequestHandler):
             if parts[:2] == ["v2", "clusters"]:
                 return self._clusters(world, parts, body)
             if parts == ["v2", "pods"] and method == "GET":
-                return 200, _pods_page(world, parse_qs(urlsplit(self.path).query))
+                return 200, _pods_list(world, parse_qs(urlsplit(self.path).query, keep_blank_values=True))
             if parts == ["v2", "pods"] and method == "POST":
                 return 201, pod_view(world.create(_create_body(body)))
             if len(parts) == 3 and parts[:2] == ["v2", "pods"]:
@@ -367,32 +367,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
 
 
-def _pods_page(world: World, query: dict[str, list[str]]) -> dict[str, Any]:
-    """One page of `GET /v2/pods`, newest first: `limit` (<= 1000, and the world's page size), `cursor`."""
+def _pods_list(world: World, query: dict[str, list[str]]) -> dict[str, Any]:
+    """`GET /v2/pods` as RunPod's published spec has it (Frontdoor v2.9.0, `listPods`): every pod in one
+    `{"pods": [...]}`, no pagination; the only query parameter is `includeClusterPods` (a boolean). Anything
+    else is refused (422), so a client that invents parameters (`limit`, `cursor`) fails here."""
     from standin_views import pod_view
 
-    raw_limit = (query.get("limit") or ["100"])[0]
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
-        raise Refusal(422, "Request validation failed.", [f"$.limit: {raw_limit!r} is not 1..1000"])
-    limit = min(int(raw_limit), world.page_size)
-    with_members = (query.get("includeClusterPods") or ["false"])[0] == "true"
-    pods = [
-        p
-        for p in reversed(list(world.pods.values()))
-        if p.status != "TERMINATED" and (with_members or p.cluster_id is None)
-    ]
-    cursor = (query.get("cursor") or [""])[0]
-    start = 0
-    if cursor:
-        ids = [p.id for p in pods]
-        if cursor not in ids:
-            raise Refusal(400, f"invalid cursor {cursor!r}")
-        start = ids.index(cursor) + 1
-    page = pods[start : start + limit]
-    more = start + limit < len(pods)
+    unknown = sorted(set(query) - {"includeClusterPods"})
+    if unknown:
+        raise Refusal(422, "Request validation failed.", [f"$.query: unknown parameter '{u}'" for u in unknown])
+    raw = (query.get("includeClusterPods") or ["false"])[-1]
+    if raw not in ("true", "false"):
+        raise Refusal(422, "Request validation failed.", [f"$.includeClusterPods: {raw!r} is not a boolean"])
     return {
-        "pods": [pod_view(p) for p in page],
-        "pagination": {"nextCursor": page[-1].id if more and page else None, "hasNextPage": more},
+        "pods": [
+            pod_view(p)
+            for p in reversed(list(world.pods.values()))
+            if p.status != "TERMINATED" and (raw == "true" or p.cluster_id is None)
+        ]
     }
 
 

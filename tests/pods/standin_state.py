@@ -155,7 +155,6 @@ class World:
         self.templates: dict[str, dict[str, Any]] = {}
         self.clusters: dict[str, ClusterRecord] = {}
         self.member_actions = False  # True: members take pod actions; False: 409 (manage them through the cluster)
-        self.page_size = 1000  # GET /v2/pods answers at most this many per page (and at most `limit`)
         self.max_body = 100 * 1024  # a create body over this is a 413
         self.capacity: dict[tuple[str, str], int] = {}
         self.new_machine_health: list[str] = []  # health of the next machines created, in order

@@ -12,6 +12,9 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.parse import urlsplit
+from urllib.request import Request, urlopen
 
 import pytest
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
@@ -268,19 +271,36 @@ def test_clusters_are_rest_only(standin, tmp_path):  # noqa: F811
     assert proc.returncode == 64 and "REST v2 only" in proc.stderr and standin.requests == [], proc.stderr
 
 
-def test_pod_up_finds_an_existing_name_on_a_late_page(standin, tmp_path):  # noqa: F811
+def test_get_pods_sends_only_documented_parameters_and_reads_one_answer(standin, tmp_path):  # noqa: F811
+    # RunPod's spec (Frontdoor v2.9.0) answers every pod in one {"pods": [...]}; the stand-in refuses any query
+    # parameter but includeClusterPods, as a client that invents `limit`/`cursor` paging would deserve
     world = standin.world
-    world.page_size = 3
     world.set_capacity("NVIDIA A40", 100)
     world.create({"name": "trainer", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 2}})
-    for i in range(20):  # newer pods come first: "trainer" is on the last page
+    for i in range(40):  # newer pods come first: "trainer" is the last of a long answer
         world.create({"name": f"busy-{i}", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}})
+    assert up(cluster_spec(tmp_path, 2)).returncode == 0  # members are hidden unless includeClusterPods=true
     proc = pg(["pod", "up", "--spec", str(write_spec(tmp_path / "pod.toml", A40_SPEC)), "--json"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["action"] == "reused" and standin.calls("POST", r"^/v2/pods$") == []
-    pages = standin.calls("GET", r"^/v2/pods$")
-    assert len(pages) >= 7 and any("cursor=" in c.target for c in pages)
-    assert len(json.loads(pg(["pod", "list", "--json"]).stdout)) == 21
+    listed = json.loads(pg(["pod", "list", "--json"]).stdout)
+    assert len(listed) == 42 and next(i for i in listed if i["name"] == "ring")["nodes"] == 2
+    node1 = next(p for p in world.pods.values() if p.rank == 1)
+    assert pg(["pod", "status", node1.id]).returncode == 0  # a member id: found with includeClusterPods=true
+    reads = standin.calls("GET", r"^/v2/pods$")
+    assert {urlsplit(c.target).query for c in reads} == {"", "includeClusterPods=true"}
+
+
+def test_the_standin_answers_get_pods_as_the_spec_does(standin):  # noqa: F811
+    """The suite's stand-in itself: no pagination object, and an invented parameter is refused."""
+    standin.world.create({"name": "a", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}})
+    headers = {"Authorization": f"Bearer {standin.key}"}
+    with urlopen(Request(f"{standin.url}/v2/pods", headers=headers), timeout=10) as answer:
+        assert set(json.load(answer)) == {"pods"}
+    for query in ("limit=1000", "cursor=pod0001x", "includeClusterPods=maybe"):
+        with pytest.raises(HTTPError) as refused:
+            urlopen(Request(f"{standin.url}/v2/pods?{query}", headers=headers), timeout=10)
+        assert refused.value.code == 422
 
 
 def test_a_create_body_over_100_kb_is_64_naming_the_env_size(standin, tmp_path):  # noqa: F811

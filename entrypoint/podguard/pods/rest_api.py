@@ -33,7 +33,6 @@ from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.transport import Stream, Transport, path_of
 
 __all__ = [
-    "PAGE_LIMIT",
     "RestApi",
     "answer_field",
     "mounts_body",
@@ -42,8 +41,6 @@ __all__ = [
     "rest_create_body",
     "too_large",
 ]
-
-PAGE_LIMIT = 1000  # REST v2's largest page of `GET /v2/pods`
 
 
 class RestApi:
@@ -64,24 +61,13 @@ class RestApi:
         return [parse_answer(pod_from_rest, p, "list pods") for p in self.list_pod_objects()]
 
     def list_pod_objects(self, *, include_cluster_pods: bool = False) -> list[dict[str, Any]]:
-        """Every pod object of the account, following `pagination.nextCursor` to the last page.
+        """Every pod object of the account: one `GET /v2/pods`, which answers all of them in one `{"pods": [...]}`.
 
-        Cluster members are hidden unless `include_cluster_pods`. A page is retried on its own; a cursor
-        that comes back twice ends the walk (a server bug must not loop forever)."""
-        out: list[dict[str, Any]] = []
-        query: dict[str, Any] = {"limit": PAGE_LIMIT}
-        if include_cluster_pods:
-            query["includeClusterPods"] = "true"
-        seen: set[str] = set()
-        while True:
-            page_query = dict(query)
-            body = self.call("list pods", "GET", "/v2/pods", query=page_query)
-            out += [p for p in answer_field(body, "pods", "list pods") if isinstance(p, dict)]
-            cursor = _next_cursor(body)
-            if cursor is None or cursor in seen:
-                return out
-            seen.add(cursor)
-            query["cursor"] = cursor
+        RunPod's published spec (Frontdoor v2.9.0) documents no pagination and one query parameter,
+        `includeClusterPods` (cluster members are hidden without it); nothing else is sent (docs/pods.md)."""
+        query = {"includeClusterPods": "true"} if include_cluster_pods else None
+        body = self.call("list pods", "GET", "/v2/pods", query=query)
+        return [p for p in answer_field(body, "pods", "list pods") if isinstance(p, dict)]
 
     def get_pod(self, pod_id: str) -> Pod:
         return parse_answer(
@@ -169,15 +155,6 @@ class RestLogStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _next_cursor(body: Any) -> str | None:
-    """The cursor of the next page, or None on the last one (`pagination {nextCursor, hasNextPage}`)."""
-    pagination = body.get("pagination") if isinstance(body, dict) else None
-    if not isinstance(pagination, dict) or not pagination.get("hasNextPage"):
-        return None
-    cursor = pagination.get("nextCursor")
-    return str(cursor) if cursor else None
 
 
 def too_large(error: ApiError, payload: dict[str, Any], what: str) -> ApiError:

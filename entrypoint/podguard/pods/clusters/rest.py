@@ -61,7 +61,7 @@ class ClusterApi:
         return sorted(members, key=lambda m: (m.rank is None, m.rank or 0, m.pod.id))
 
     def member_pods(self) -> list[Member]:
-        """Every cluster member pod of the account (`GET /v2/pods?includeClusterPods=true`, all pages)."""
+        """Every cluster member pod of the account (one `GET /v2/pods?includeClusterPods=true`)."""
         objects = self.rest.list_pod_objects(include_cluster_pods=True)
         return [parse_answer(member_from_rest, p, "list pods") for p in objects if isinstance(p.get("cluster"), dict)]
 

@@ -2,7 +2,7 @@
 
     target = find_target(api, "llm-train")       # a Pod, a Cluster, a Member, or ApiError NOT_FOUND (66)
 
-Pods are looked up first (every page of `GET /v2/pods`), then clusters (`GET /v2/clusters`), so a command
+Pods are looked up first (one `GET /v2/pods`), then clusters (`GET /v2/clusters`), so a command
 on a pod costs no cluster request; last, a member pod's id (`includeClusterPods=true`), which the pod
 commands treat as that node's pod (status, logs, wait) or, for actions, as a node of its cluster.
 """
@@ -40,7 +40,7 @@ def find_target(api: PodApi, ref: str, *, missing_ok: bool = False) -> Pod | Clu
 def listing(api: PodApi) -> tuple[list[Pod], list[tuple[Cluster, list[Member]]]]:
     """The account's pods (cluster members left out) and its clusters with their members.
 
-    Over REST: every page of `GET /v2/pods?includeClusterPods=true` and one `GET /v2/clusters`, whatever the
+    Over REST: one `GET /v2/pods?includeClusterPods=true` and one `GET /v2/clusters`, whatever the
     number of clusters."""
     from podguard.pods.clusters.rest import member_from_rest
     from podguard.pods.rest_api import RestApi, parse_answer, pod_from_rest
