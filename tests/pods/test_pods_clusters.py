@@ -170,6 +170,39 @@ def test_status_list_and_logs_of_a_cluster(standin, tmp_path):  # noqa: F811
     assert bad.returncode == 64 and "ranks: 0, 1" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_restarted_nodes_long_backlog_is_skipped_without_recursion(standin):  # noqa: F811
+    """NodeStreams over real SSE streams: 6000 lines of node 1's old stream are still queued when its stream is
+    reopened (the node restarted); the next get() skips them all and returns the new stream's line."""
+    from podguard.pods.api import open_api
+    from podguard.pods.clusters.rest import ClusterApi
+    from podguard.pods.clusters.streams import NodeStreams
+    from podguard.pods.tuning import Tuning
+
+    world = standin.world
+    cluster = world.create_cluster(
+        {"name": "ring", "type": "TRAINING", "image": "img:1", "compute": {
+            "gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 2, "podCount": 2}}
+    )  # fmt: skip
+    node1 = next(p for p in world.members(cluster) if p.rank == 1)
+    backlog = 6000
+    for i in range(backlog):
+        world.emit(node1.id, f"old line {i}")
+    api = open_api("rest")
+    (member,) = [m for m in ClusterApi(api).members(cluster.id) if m.rank == 1]
+    with NodeStreams(api, Tuning.from_env()) as nodes:
+        nodes.open(member, since="1970-01-01T00:00:00Z", tail=None, source="container")
+        deadline = time.monotonic() + 60
+        while nodes._queue.qsize() < backlog:  # the whole backlog has arrived and waits in the queue
+            assert time.monotonic() < deadline, nodes._queue.qsize()
+            time.sleep(0.05)
+        fresh = world.emit(node1.id, "after the restart")
+        nodes.open(member, since=fresh.ts, tail=None, source="container")  # the node restarted: a new stream
+        item = nodes.get(timeout=20.0)
+    assert item is not None
+    rank, event = item
+    assert rank == 1 and event.line == "after the restart"
+
+
 def test_down_deletes_every_node_and_stop_start_restart_are_64(standin, tmp_path):  # noqa: F811
     assert up(cluster_spec(tmp_path, 2)).returncode == 0
     (cluster,) = standin.world.clusters.values()

@@ -12,6 +12,7 @@ stream (its pod restarted) bumps its generation; lines still in flight from the 
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterable
 
 from podguard.pods.api import PodApi
@@ -54,14 +55,17 @@ class NodeStreams:
         follower.start()
 
     def get(self, timeout: float) -> Item | None:
-        """The next (rank, item) of a current stream, or None when nothing came within `timeout` seconds."""
-        try:
-            rank, generation, item = self._queue.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
-        if self._generation.get(rank) != generation:
-            return self.get(0.0)
-        return rank, item
+        """The next (rank, item) of a current stream, or None when nothing came within `timeout` seconds.
+
+        Lines of a replaced stream are skipped in a loop (a restarted node can leave thousands queued)."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            try:
+                rank, generation, item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                return None
+            if self._generation.get(rank) == generation:
+                return rank, item
 
     def close_node(self, rank: int) -> None:
         follower = self._followers.pop(rank, None)
