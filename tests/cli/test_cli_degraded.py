@@ -137,7 +137,7 @@ def test_exclude_below_the_count_continues_loudly_when_asked(node, tmp_path):
     [
         (["health"], {"PODGUARD_DEGRADED": "sometimes"}, "PODGUARD_DEGRADED='sometimes' is not valid"),
         (["run", "--degraded", "ignore", "--", "true"], {}, "PODGUARD_DEGRADED='ignore'"),
-        (["health"], {"PODGUARD_SLOW_RATIO": "0"}, "PODGUARD_SLOW_RATIO=0 is not valid"),
+        (["health"], {"PODGUARD_SLOW_RATIO": "-0.1"}, "PODGUARD_SLOW_RATIO=-0.1 is not valid"),
         (["health", "--slow-ratio", "1.5"], {}, "PODGUARD_SLOW_RATIO=1.5 is not valid"),
         (["health"], {"PODGUARD_SLOW_RATIO": "fast"}, "PODGUARD_SLOW_RATIO='fast' is not a number"),
         (["health"], {"PODGUARD_PROBE": "fullest"}, "PODGUARD_PROBE='fullest' is not valid; choose one of"),

@@ -86,6 +86,8 @@ typedef struct {
     unsigned int retired_pending;
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     unsigned long long clock_events;
+    unsigned long long clock_events_first; /* what the first clock_events_reads reads answer (a transient bit) */
+    unsigned int clock_events_reads, clock_events_done;
     unsigned int temp, temp_slowdown, temp_shutdown;
     unsigned int pcie_width, pcie_width_max;
     unsigned int pcie_gen, pcie_gen_max;
@@ -321,6 +323,8 @@ static void set_gpu_key(gpu_t *g, const char *k, const char *v) {
     else if (!strcmp(k, "remap_pending")) g->remap_pending = (unsigned int)num(v);
     else if (!strcmp(k, "remap_failure")) g->remap_failure = (unsigned int)num(v);
     else if (!strcmp(k, "clock_events")) g->clock_events = num(v);
+    else if (!strcmp(k, "clock_events_first")) g->clock_events_first = num(v);
+    else if (!strcmp(k, "clock_events_reads")) g->clock_events_reads = (unsigned int)num(v);
     else if (!strcmp(k, "temp")) g->temp = (unsigned int)num(v);
     else if (!strcmp(k, "temp_slowdown")) g->temp_slowdown = (unsigned int)num(v);
     else if (!strcmp(k, "temp_shutdown")) g->temp_shutdown = (unsigned int)num(v);
@@ -1151,7 +1155,12 @@ static nvmlReturn_t clock_events(nvmlDevice_t device, unsigned long long *reason
     API_BEGIN();
     DEVICE(device, "clock_events", 0, g);
     if (!reasons) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    *reasons = g->clock_events;
+    if (g->clock_events_done < g->clock_events_reads) {  /* a bit set for an instant (a P-state change) */
+        g->clock_events_done++;
+        *reasons = g->clock_events_first;
+    } else {
+        *reasons = g->clock_events;
+    }
     API_RETURN(NVML_SUCCESS);
 }
 

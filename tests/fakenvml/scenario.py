@@ -145,6 +145,8 @@ class GpuSpec:
     remap_pending: bool = False
     remap_failure: bool = False
     clock_events: int = CLOCK_GPU_IDLE
+    clock_events_first: int = CLOCK_GPU_IDLE  # what the first `clock_events_reads` reads answer, per process
+    clock_events_reads: int = 0
     temperature_c: int = 33
     temperature_slowdown_c: int = 87
     temperature_shutdown_c: int = 92
@@ -202,6 +204,8 @@ class GpuSpec:
             "remap_pending": int(self.remap_pending),
             "remap_failure": int(self.remap_failure),
             "clock_events": hex(self.clock_events),
+            "clock_events_first": hex(self.clock_events_first),
+            "clock_events_reads": self.clock_events_reads,
             "temp": self.temperature_c,
             "temp_slowdown": self.temperature_slowdown_c,
             "temp_shutdown": self.temperature_shutdown_c,
@@ -503,6 +507,28 @@ def clock_events(gpu: int = 0, events: int = CLOCK_GPU_IDLE | CLOCK_HW_SLOWDOWN,
     return sc
 
 
+def transient_clock_events(
+    gpu: int = 0, events: int = CLOCK_GPU_IDLE | CLOCK_HW_SLOWDOWN, reads: int = 1, count: int = 8
+) -> Scenario:
+    """One GPU's first `reads` clock-reason reads (per process) answer `events`, then plain idle: the HW slowdown
+    bit nvml.h says "may be also reported during PState or clock change"."""
+    sc = healthy_h100(count)
+    sc.gpus[gpu].clock_events_first = events
+    sc.gpus[gpu].clock_events_reads = reads
+    sc.description = f"clock event reasons {events:#x} on GPU {gpu} for {reads} read(s), then idle"
+    return sc
+
+
+def nvlink_bridgeless(name: str = "NVIDIA A40", links: int = 4, count: int = 4) -> Scenario:
+    """NVLink-capable PCIe cards without a bridge: NVML reports their links, all inactive."""
+    sc = healthy_h100(count)
+    for g in sc.gpus:
+        g.name, g.nvlink_links, g.nvlink_down = name, links, set(range(links))
+        g.pcie_gen = g.pcie_gen_max = 4
+    sc.description = f"{count}x {name} without NVLink bridges"
+    return sc
+
+
 def hot(gpu: int = 0, above_c: int = 0, count: int = 8) -> Scenario:
     """One GPU at (or `above_c` degrees above) its slowdown temperature."""
     sc = healthy_h100(count)
@@ -578,4 +604,6 @@ STANDARD_SCENARIOS = {
     "pcie_link": pcie_link,
     "nvlink_down": nvlink_down,
     "without_nvlink": without_nvlink,
+    "transient_clock_events": transient_clock_events,
+    "nvlink_bridgeless": nvlink_bridgeless,
 }

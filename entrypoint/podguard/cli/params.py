@@ -77,13 +77,13 @@ def parse_int(raw: Any, name: str, minimum: int = 0, maximum: int | None = None)
 
 
 def parse_ratio(raw: Any, name: str) -> float:
-    """A fraction in (0, 1]."""
+    """A fraction in [0, 1] (0 turns a relative check off)."""
     try:
         value = float(str(raw).strip())
     except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a number; expected a fraction > 0 and <= 1, e.g. 0.8") from None
-    if not 0 < value <= 1:
-        raise UsageError(f"{name}={raw} is not valid; expected a fraction > 0 and <= 1, e.g. 0.8")
+        raise UsageError(f"{name}={raw!r} is not a number; expected a fraction from 0 to 1, e.g. 0.8") from None
+    if not 0 <= value <= 1:
+        raise UsageError(f"{name}={raw} is not valid; expected a fraction from 0 (off) to 1, e.g. 0.8")
     return value
 
 

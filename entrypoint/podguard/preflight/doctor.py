@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.preflight.doctor_table import gpu_table
+from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
+from podguard.preflight.gate.stage import confirmed_degraded
 from podguard.preflight.options import PreflightOptions
 from podguard.records import to_data
 from podguard.redact import redact_env
@@ -163,6 +166,7 @@ def collect(opts: PreflightOptions) -> dict[str, Any]:
     """Gather everything; every section degrades to an explanation instead of failing."""
     data: dict[str, Any] = {"podguard_version": __version__}
     snaps: list[GpuSnapshot] = []
+    found: dict[int, tuple[Degraded, ...]] = {}
     backend = None
     try:
         backend = open_backend()
@@ -175,12 +179,15 @@ def collect(opts: PreflightOptions) -> dict[str, Any]:
             drv = backend.driver()
             data["nvml"] = {"available": True, **to_data(drv)}
             snaps = [backend.snapshot(i) for i in range(backend.device_count())]
+            read_at = time.monotonic()
             data["holders"] = _holders(backend, snaps, opts.dev_dir)
+            indices = [s.index for s in snaps]
+            found = confirmed_degraded(backend, indices, {}, [[scope_to_mig(s) for s in snaps]], read_at)
         finally:
             backend.close()
     data["gpus"] = [s.to_dict() for s in snaps]
     thresholds = GateThresholds(opts.idle_memory_mib, opts.max_temperature_margin_c, degraded_policy=opts.degraded)
-    gate = judge_all([scope_to_mig(s) for s in snaps], thresholds)
+    gate = judge_all([scope_to_mig(s) for s in snaps], thresholds, nvml_degraded=found)
     data["health"] = [v.to_dict() for v in gate.verdicts]
     env = os.environ
     data["distributed_env"] = redact_env({k: env[k] for k in DISTRIBUTED_VARS if k in env})

@@ -78,8 +78,8 @@ def validate_options(opts: PreflightOptions) -> None:
     if str(opts.degraded) not in DegradedPolicy.__members__.values():
         valid = ", ".join(m.value for m in DegradedPolicy)
         raise UsageError(f"PODGUARD_DEGRADED={str(opts.degraded)!r} is not valid; choose one of: {valid}")
-    if not 0 < opts.slow_ratio <= 1:
-        raise UsageError(f"PODGUARD_SLOW_RATIO={opts.slow_ratio:g} is not valid; expected a number > 0 and <= 1")
+    if not 0 <= opts.slow_ratio <= 1:
+        raise UsageError(f"PODGUARD_SLOW_RATIO={opts.slow_ratio:g} is not valid; expected a number from 0 (off) to 1")
     if str(opts.on_fewer) not in OnFewer.__members__.values():
         valid = ", ".join(m.value for m in OnFewer)
         raise UsageError(f"on-fewer-gpus={str(opts.on_fewer)!r} is not valid; choose one of: {valid}")

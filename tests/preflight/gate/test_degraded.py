@@ -7,7 +7,7 @@ import pytest
 from fakes import h100
 from podguard.gpu.backend import EccState, decode_clock_events
 from podguard.preflight.gate.degraded import Degraded, DegradedPolicy
-from podguard.preflight.gate.nvml_degraded import gpu_degraded, node_degraded
+from podguard.preflight.gate.nvml_degraded import bridged_card, gpu_degraded, node_degraded
 from podguard.preflight.gate.rules import Finding, GateThresholds, ProbeEvidence, Verdict, judge, judge_all
 
 FAIL, WARN, EXCLUDE = (GateThresholds(degraded_policy=p) for p in DegradedPolicy)
@@ -25,7 +25,6 @@ def clocks(mask: int, **changes: object):
         (clocks(0x80), "hw_power_brake", "power brake", {"clock_event_reasons": "0x80"}),
         (h100(0, temperature_c=87), "temperature", "87C at/above its slowdown threshold 87C", {"temperature_c": 87}),
         (h100(0, pcie_link_width=8), "pcie_width", "PCIe link x8 of x16", {"width": 8, "max_width": 16}),
-        (h100(0, nvlink_links=18, nvlink_active=17), "nvlink_down", "NVLink 17 of 18", {"active": 17, "links": 18}),
     ],
 )
 def test_each_condition_is_a_degraded_finding_with_its_numbers(snapshot, code, needle, values):
@@ -56,6 +55,16 @@ def test_normal_conditions_are_not_degraded(snapshot):
     assert judge_all([snapshot], FAIL).verdicts[0].verdict is Verdict.HEALTHY
 
 
+def test_nvlink_down_is_a_finding_with_its_numbers_on_a_node_with_a_fabric():
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=18, nvlink_active=17)]
+    (found,) = node_degraded(node)[1]
+    assert found.code == "nvlink_down" and found.text == "NVLink 17 of 18 links active"
+    assert found.values == {"active": 17, "links": 18}
+    verdicts = judge_all(node, FAIL).verdicts
+    assert [v.verdict for v in verdicts] == [Verdict.HEALTHY, Verdict.UNHEALTHY]
+    assert Finding.DEGRADED in verdicts[1].findings and verdicts[1].reasons == ("degraded: " + found.text,)
+
+
 def test_nvlink_is_compared_with_same_model_peers():
     full = [h100(i, nvlink_links=18, nvlink_active=18) for i in range(3)]
     short = h100(3, nvlink_links=12, nvlink_active=12)  # fewer links reported than its peers have up
@@ -63,15 +72,115 @@ def test_nvlink_is_compared_with_same_model_peers():
     found = node_degraded([*full, short, other_model])
     assert list(found) == [3]
     assert found[3][0].values == {"active": 12, "links": 12, "peer_links": 18}
-    assert "other GPUs of this model have 18" in found[3][0].text
+    assert found[3][0].text == "NVLink 12 of 12 links active, other GPUs of this model have 18 up"
 
 
-def test_a_lone_gpu_with_no_active_nvlink_is_not_degraded_but_a_partly_trained_one_is():
-    isolated = h100(0, nvlink_links=18, nvlink_active=0)  # one GPU of an HGX board handed to a pod alone
-    assert node_degraded([isolated]) == {}
-    assert node_degraded([h100(0, nvlink_links=18, nvlink_active=9)])[0][0].code == "nvlink_down"
-    both = node_degraded([isolated, h100(1, nvlink_links=18, nvlink_active=0)])
-    assert sorted(both) == [0, 1] and both[0][0].text == "NVLink 0 of 18 links active"  # two GPUs need the fabric
+def test_an_hgx_gpu_with_every_link_down_beside_peers_with_links_up_is_caught():
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=18, nvlink_active=0)]
+    found = node_degraded(node)
+    assert list(found) == [1] and found[1][0].values == {"active": 0, "links": 18, "peer_links": 18}
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+@pytest.mark.parametrize(
+    ("name", "links"),
+    [("NVIDIA A40", 4), ("NVIDIA RTX A6000", 4), ("NVIDIA A100 80GB PCIe", 12), ("NVIDIA H100 PCIe", 18)],
+)
+def test_nvlink_capable_pcie_cards_without_a_bridge_are_not_degraded(name, links, count):
+    """NVML reports the links of a bridge-less PCIe card, all inactive: no fabric, no finding (issue 18)."""
+    node = [h100(i, name=name, nvlink_links=links, nvlink_active=0) for i in range(count)]
+    assert node_degraded(node) == {}
+    assert judge_all(node, FAIL).exit_code == 0
+
+
+def test_hgx_gpus_with_no_link_up_at_all_have_no_nvlink_finding_the_all_reduce_measures_them():
+    node = [h100(i, nvlink_links=18, nvlink_active=0) for i in range(8)]
+    assert node_degraded(node) == {}
+
+
+def test_bridged_pcie_pairs_with_one_link_down_are_caught_and_an_unbridged_card_beside_them_is_not():
+    a40 = "NVIDIA A40"
+    node = [
+        h100(0, name=a40, nvlink_links=4, nvlink_active=4),
+        h100(1, name=a40, nvlink_links=4, nvlink_active=3),  # the bridge of pair 0-1 lost a link
+        h100(2, name=a40, nvlink_links=4, nvlink_active=0),  # no bridge fitted: a valid build
+        h100(3, name=a40, nvlink_links=4, nvlink_active=0),
+    ]
+    found = node_degraded(node)
+    assert list(found) == [1] and found[1][0].text == "NVLink 3 of 4 links active"
+
+
+def test_a_lone_gpu_has_no_nvlink_finding_its_links_carry_nothing():
+    assert node_degraded([h100(0, nvlink_links=18, nvlink_active=0)]) == {}
+    assert node_degraded([h100(0, nvlink_links=18, nvlink_active=9)]) == {}
+    assert node_degraded([h100(0, nvlink_links=18, nvlink_active=9, pcie_link_width=8)])[0][0].code == "pcie_width"
+
+
+@pytest.mark.parametrize(
+    ("name", "bridged"),
+    [
+        ("NVIDIA A40", True),
+        ("NVIDIA RTX A6000", True),
+        ("NVIDIA A100-PCIE-40GB", True),
+        ("NVIDIA A100 80GB PCIe", True),
+        ("NVIDIA H100 PCIe", True),
+        ("NVIDIA H100 NVL", True),
+        ("NVIDIA H200 NVL", True),
+        ("NVIDIA A30", True),
+        ("NVIDIA H100 80GB HBM3", False),
+        ("NVIDIA H200", False),
+        ("NVIDIA A100-SXM4-80GB", False),
+        ("NVIDIA A400", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_bridged_cards_are_told_from_sxm_parts_by_name(name, bridged):
+    assert bridged_card(name) is bridged
+
+
+@pytest.mark.parametrize(
+    ("mask", "temp", "codes"),
+    [
+        (0x8 | 0x40, 33, ["hw_thermal_slowdown"]),  # HW slowdown also set for the thermal slowdown: one cause
+        (0x8 | 0x80, 33, ["hw_power_brake"]),
+        (0x8 | 0x40 | 0x80, 33, ["hw_thermal_slowdown", "hw_power_brake"]),  # two causes, each once
+        (0x8, 87, ["temperature"]),  # heat is the cause of the HW slowdown
+        (0x40, 90, ["hw_thermal_slowdown"]),  # heat once, with the temperature in it
+        (0x8, 33, ["hw_slowdown"]),  # neither bit names a cause: the slowdown itself
+    ],
+)
+def test_one_cause_is_reported_once(mask, temp, codes):
+    found = gpu_degraded(clocks(mask, temperature_c=temp))
+    assert [d.code for d in found] == codes
+
+
+def test_a_hot_gpu_in_hw_thermal_slowdown_names_both_in_one_finding():
+    (found,) = gpu_degraded(clocks(0x48, temperature_c=90))
+    assert found.text.endswith("temperature 90C at/above its slowdown threshold 87C")
+    assert found.values == {"clock_event_reasons": "0x48", "temperature_c": 90, "slowdown_c": 87}
+
+
+def test_a_slowdown_threshold_of_zero_or_unknown_is_no_temperature_rule():
+    assert gpu_degraded(h100(0, temperature_c=50, temperature_slowdown_c=0)) == []
+    assert gpu_degraded(h100(0, temperature_c=50, temperature_slowdown_c=None)) == []
+    assert gpu_degraded(h100(0, temperature_c=None, temperature_slowdown_c=87)) == []
+    assert [d.code for d in gpu_degraded(h100(0, temperature_c=88, temperature_slowdown_c=87))] == ["temperature"]
+
+
+def test_an_x1_link_of_x16_is_narrow_and_an_unreported_width_is_not():
+    (found,) = gpu_degraded(h100(0, pcie_link_width=1, pcie_link_width_max=16))
+    assert found.values == {"width": 1, "max_width": 16}
+    assert gpu_degraded(h100(0, pcie_link_width=0, pcie_link_width_max=16)) == []  # 0: not a reading
+    assert gpu_degraded(h100(0, pcie_link_width=None, pcie_link_width_max=16)) == []
+    assert gpu_degraded(h100(0, pcie_link_width=16, pcie_link_width_max=16)) == []
+
+
+def test_a_node_of_exactly_two_gpus_compares_them():
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=18, nvlink_active=12)]
+    assert list(node_degraded(node)) == [1]
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=18, nvlink_active=None)]
+    assert node_degraded(node) == {}  # an unread state is not down
 
 
 def test_warn_passes_with_a_warning_and_exclude_leaves_it_out_without_failing():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from podguard.preflight.gate.degraded import Degraded
-from podguard.preflight.gate.slow import FLOORS, METRICS, model_floors, slow_findings
+from podguard.preflight.gate.slow import FLOORS, METRICS, h2d_floor, model_floors, slow_findings
 
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -150,3 +152,129 @@ def test_the_floor_table_is_consistent() -> None:
         assert set(entry.floors) <= set(METRICS), entry.model
         assert all(value > 0 for value in entry.floors.values()), entry.model
         assert model_floors("NVIDIA " + entry.model) == entry  # each entry is reachable past the ones before it
+
+
+# --- issue 18: floors that hold on every host, per-model medians, MIG slices ------------------------------------
+
+GEN5_X16, GEN4_X16 = (5, 16), (4, 16)
+
+
+@pytest.mark.parametrize(
+    ("gen", "width", "floor"),
+    [(5, 16, 23.9), (4, 16, 12.0), (3, 16, 6.0), (4, 8, 6.0), (5, 8, 12.0), (6, 16, 46.0), (1, 1, 0.1), (2, 4, 0.8)],
+)
+def test_the_copy_floor_follows_the_host_link(gen: int, width: int, floor: float) -> None:
+    assert h2d_floor(gen, width) == floor
+
+
+@pytest.mark.parametrize(("gen", "width"), [(None, 16), (5, None), (0, 16), (7, 16), (5, 0), (5, -1), (True, 16)])
+def test_no_copy_floor_when_nvml_does_not_say_what_the_link_is(gen: object, width: object) -> None:
+    assert h2d_floor(gen, width) is None  # type: ignore[arg-type]
+
+
+def test_an_h100_pcie_in_a_gen4_server_measuring_22_to_26_passes_and_a_gen5_host_at_that_speed_does_not() -> None:
+    healthy = {"matmul_tflops": 600.0, "mem_gbps": 1900.0}
+    metrics = {i: {**healthy, "h2d_gbps": h2d} for i, h2d in enumerate((22.0, 24.5, 26.0, 23.0))}
+    models = dict.fromkeys(range(4), "NVIDIA H100 PCIe")
+    assert slow_findings(metrics, models, 0.8, links=dict.fromkeys(range(4), GEN4_X16)) == {}
+    found = slow_findings(metrics, models, 0.8, links=dict.fromkeys(range(4), GEN5_X16))
+    assert sorted(found) == [0, 3]  # 22 and 23 GB/s on a Gen5 x16 link: below its 23.9 GB/s floor
+    (finding,) = found[0]
+    assert finding.values == {
+        "metric": "h2d_gbps",
+        "value": 22.0,
+        "floor": 23.9,
+        "pcie_gen_max": 5,
+        "pcie_width_max": 16,
+    }
+    assert finding.text == "h2d_gbps 22.0 GB/s is below the floor 23.9 GB/s for a PCIe gen 5 x16 host link"
+
+
+def test_a_copy_just_at_the_floor_passes_and_just_below_fails() -> None:
+    at = slow_findings({0: {"h2d_gbps": 12.0}}, {0: "NVIDIA A40"}, 0.8, links={0: GEN4_X16})
+    below = slow_findings({0: {"h2d_gbps": 11.9}}, {0: "NVIDIA A40"}, 0.8, links={0: GEN4_X16})
+    assert at == {} and [f.values["floor"] for f in below[0]] == [12.0]
+
+
+def test_no_copy_floor_without_the_link_whatever_the_model() -> None:
+    assert slow_findings({0: {"h2d_gbps": 1.0}}, {0: H200}, 0.8) == {}
+    assert slow_findings({0: {"h2d_gbps": 1.0}}, {0: H200}, 0.8, links={0: (None, None)}) == {}
+
+
+def test_the_relative_check_is_judged_per_model() -> None:
+    """An H100 PCIe beside three H100 SXM is not slow because the SXM parts are faster (issue 18)."""
+    sxm = {"matmul_tflops": 790.0, "mem_gbps": 3000.0}
+    pcie = {"matmul_tflops": 600.0, "mem_gbps": 1900.0}
+    metrics = {0: sxm, 1: dict(sxm), 2: dict(sxm), 3: pcie}
+    models = {0: H100, 1: H100, 2: H100, 3: "NVIDIA H100 PCIe"}
+    assert slow_findings(metrics, models, 0.8) == {}
+    metrics[4] = {"matmul_tflops": 380.0, "mem_gbps": 1900.0}  # a second PCIe card, far slower than the first
+    models[4] = "NVIDIA H100 PCIe"
+    found = slow_findings(metrics, models, 0.8)
+    relative = [f for f in found[4] if "median" in f.values]
+    assert [(f.values["metric"], f.values["gpus"]) for f in relative] == [("matmul_tflops", 2)]
+    assert relative[0].values["median"] == 490.0
+
+
+def test_a_node_of_exactly_two_gpus_compares_them_against_their_mean() -> None:
+    metrics = {0: {"matmul_tflops": 700.0}, 1: {"matmul_tflops": 460.0}}  # threshold 0.8 * 580 = 464
+    found = slow_findings(metrics, {0: "X", 1: "X"}, 0.8)
+    assert list(found) == [1] and found[1][0].values["threshold"] == pytest.approx(464.0)
+    metrics[1]["matmul_tflops"] = 470.0  # threshold 0.8 * 585 = 468: above it
+    assert slow_findings(metrics, {0: "X", 1: "X"}, 0.8) == {}
+
+
+def test_a_mig_slice_is_never_held_to_a_whole_gpus_floors() -> None:
+    one_g = {"matmul_tflops": 95.0, "mem_gbps": 400.0, "h2d_gbps": 5.0}  # a healthy 1g.10gb slice of an H100
+    assert slow_findings({0: one_g}, {0: H100}, 0.8, links={0: GEN5_X16}, mig={0: "MIG 9856 MiB"}) == {}
+    found = slow_findings({0: one_g}, {0: H100}, 0.8, links={0: GEN5_X16})
+    assert sorted(f.values["metric"] for f in found[0]) == ["h2d_gbps", "matmul_tflops", "mem_gbps"]  # as a whole GPU
+
+
+def test_mig_slices_are_compared_only_with_slices_of_their_profile() -> None:
+    small, big = {"matmul_tflops": 95.0}, {"matmul_tflops": 380.0}
+    metrics = {0: small, 1: big, 2: dict(big)}
+    models = dict.fromkeys(range(3), H100)
+    mig = {0: "MIG 9856 MiB", 1: "MIG 40192 MiB", 2: "MIG 40192 MiB"}
+    assert slow_findings(metrics, models, 0.8, mig=mig) == {}
+    metrics[3], models[3], mig[3] = {"matmul_tflops": 40.0}, H100, "MIG 9856 MiB"
+    assert list(slow_findings(metrics, models, 0.8, mig=mig)) == [3]
+    whole = {4: {"matmul_tflops": 790.0}, 5: {"matmul_tflops": 100.0}}  # a whole GPU is not a slice's peer
+    assert 4 not in slow_findings({0: small, **whole}, dict.fromkeys((0, 4, 5), H100), 0.8, mig={0: "MIG 1"})
+
+
+def test_a_ratio_of_zero_turns_the_relative_check_off_but_not_the_floors() -> None:
+    metrics, models = _node(4, gpu1={"matmul_tflops": 100.0})
+    found = slow_findings(metrics, models, 0)
+    assert [f.values for f in found[1]] == [{"metric": "matmul_tflops", "value": 100.0, "floor": 480, "model": "H200"}]
+    assert list(slow_findings(metrics, models, 1.0)) == [1]  # 1: anything below the median
+
+
+def test_bool_and_nan_metrics_are_not_measurements() -> None:
+    metrics = {0: {"matmul_tflops": True}, 1: {"matmul_tflops": float("nan")}, 2: {"matmul_tflops": -1.0}}
+    assert slow_findings(metrics, dict.fromkeys(range(3), H200), 0.8) == {}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="slow ratio"):
+        slow_findings({}, {}, True)  # type: ignore[arg-type]
+
+
+def _docs_floor_table() -> dict[str, dict[str, float | None]]:
+    """The floor table of docs/gate.md ("Floors and where they come from"): the cited source of FLOORS."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "gate.md").read_text()
+    section = text.split("### Floors and where they come from", 1)[1].split("\nSources:", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in rows[0]]
+    out: dict[str, dict[str, float | None]] = {}
+    for cells in rows[1:]:
+        row = dict(zip(header, (cell.strip() for cell in cells), strict=True))
+        model = row["model (NVML name)"].split(" (", 1)[0]
+        floors = {metric: row[f"`{metric}` floor"] for metric in ("matmul_tflops", "mem_gbps", "allreduce_busbw_gbps")}
+        out[model] = {k: None if v in ("—", "") else float(v) for k, v in floors.items()}
+    return out
+
+
+def test_every_floor_in_the_code_is_the_one_docs_gate_md_gives_with_its_source() -> None:
+    documented = _docs_floor_table()
+    assert set(documented) == {entry.model for entry in FLOORS}
+    for entry in FLOORS:
+        expected = {k: v for k, v in documented[entry.model].items() if v is not None}
+        assert dict(entry.floors) == expected, entry.model

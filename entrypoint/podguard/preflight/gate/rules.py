@@ -319,12 +319,14 @@ def judge_all(
     in_use: dict[int, str] | None = None,
     degraded: Mapping[int, Sequence[Degraded]] | None = None,
     node_problems: Mapping[int, str] | None = None,
+    nvml_degraded: Mapping[int, Sequence[Degraded]] | None = None,
 ) -> GateResult:
-    """Every GPU's verdict. NVML's degraded findings are found here (NVLink needs the peers); `degraded` adds
-    others (slow probe metrics) per GPU; `node_problems` a node-level failure per GPU it concerns."""
+    """Every GPU's verdict. `nvml_degraded`: NVML's degraded findings per GPU as the gate confirmed them (two
+    reads, gate/confirm.py); None finds them in `gpus` alone. `degraded` adds others (slow probe metrics) per
+    GPU; `node_problems` a node-level failure per GPU it concerns."""
     probes = probes or {}
     in_use = in_use or {}
-    found = node_degraded(gpus)
+    found = node_degraded(gpus) if nvml_degraded is None else nvml_degraded
     extra = degraded or {}
     verdicts = tuple(
         judge(

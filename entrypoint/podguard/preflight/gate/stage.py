@@ -15,7 +15,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from podguard.gpu.backend import GpuBackend, GpuSnapshot
+from podguard.preflight.gate.confirm import confirmed
 from podguard.preflight.gate.degraded import Degraded
+from podguard.preflight.gate.nvml_degraded import node_degraded
 from podguard.preflight.gate.rules import (
     Finding,
     GateResult,
@@ -29,13 +31,15 @@ from podguard.preflight.gate.rules import (
     scope_to_mig,
     unknowns,
 )
+from podguard.preflight.gate.slow import slow_findings
 from podguard.preflight.gate.xid import XidWatcher
 from podguard.preflight.options import PreflightOptions, ProbeMode
+from podguard.units import MIB
 
 if TYPE_CHECKING:
     from podguard.preflight.cleanup.records import GpuIdleState
 
-__all__ = ["follow_cleanup", "gate_free_now", "gate_hardware", "snapshots"]
+__all__ = ["confirmed_degraded", "follow_cleanup", "gate_free_now", "gate_hardware", "snapshots"]
 
 
 def snapshots(backend: GpuBackend, indices: Sequence[int], mig: Mapping[int, Sequence[str]]) -> list[GpuSnapshot]:
@@ -66,6 +70,23 @@ def gate_free_now(
     return GateResult(tuple(verdicts))
 
 
+def confirmed_degraded(
+    backend: GpuBackend,
+    indices: Sequence[int],
+    mig: Mapping[int, Sequence[str]],
+    reads: Sequence[Sequence[GpuSnapshot]],
+    last_read_at: float,
+) -> dict[int, tuple[Degraded, ...]]:
+    """NVML's degraded findings that two reads agree on (gate/confirm.py); `reads` are the gate's own snapshot
+    rounds, oldest first, the last taken at `last_read_at` (time.monotonic()). Reads again only when a finding
+    was seen once."""
+    return confirmed(
+        [node_degraded(r) for r in reads[-2:]],
+        lambda: node_degraded(snapshots(backend, indices, mig)),
+        last_read_at=last_read_at,
+    )
+
+
 def gate_hardware(
     backend: GpuBackend,
     targets: Sequence[tuple[int, str]],
@@ -77,25 +98,31 @@ def gate_hardware(
 ) -> GateResult:
     """NVML checks first; then the probe on GPUs that passed them, with XID events watched meanwhile.
     `targets` are (NVML index, CUDA_VISIBLE_DEVICES id) pairs; `in_use` maps GPUs leased by a live
-    podguard run to its description (their own job is on them: only hardware counts)."""
+    podguard run to its description (their own job is on them: only hardware counts). Degraded findings
+    count once two reads agree; with the probe on, a GPU that was not probed does not pass."""
     indices = list(dict.fromkeys(i for i, _ in targets))
     thresholds = _thresholds(opts)
     first = snapshots(backend, indices, mig)
-    nvml_only = judge_all(first, thresholds, in_use=dict(in_use))
-    candidates = [v.index for v in nvml_only.verdicts if v.verdict is Verdict.HEALTHY]
+    first_at = time.monotonic()
+    screen = judge_all(first, thresholds, in_use=dict(in_use), nvml_degraded={})  # one read: no degraded verdict
+    candidates = [v.index for v in screen.verdicts if v.verdict is Verdict.HEALTHY]
     probe_mode = opts.probe
     if probe_mode == ProbeMode.AUTO:
         from podguard.preflight.gate.probe import cuda_probe_available
 
         probe_mode = ProbeMode.CUDA if (opts.probe_cmd or cuda_probe_available(opts.dev_dir)) else ProbeMode.OFF
     if probe_mode == ProbeMode.OFF and opts.probe_cmd is None:
-        watch = [v.index for v in nvml_only.verdicts if v.passes]
+        watch = [v.index for v in screen.verdicts if v.passes]
         if opts.xid_window_s > 0 and watch:
             xids = backend.watch_xid(watch, opts.xid_window_s)
-            return judge_all(snapshots(backend, indices, mig), thresholds, xids=xids, in_use=dict(in_use))
-        return nvml_only
+            last = snapshots(backend, indices, mig)
+            found = confirmed_degraded(backend, indices, mig, [first, last], time.monotonic())
+            return judge_all(last, thresholds, xids=xids, in_use=dict(in_use), nvml_degraded=found)
+        found = confirmed_degraded(backend, indices, mig, [first], first_at)
+        return judge_all(first, thresholds, in_use=dict(in_use), nvml_degraded=found)
     if not candidates:
-        return nvml_only
+        found = confirmed_degraded(backend, indices, mig, [first], first_at)
+        return judge_all(first, thresholds, in_use=dict(in_use), nvml_degraded=found)
     from podguard.preflight.gate.probe import run_probes
 
     t = time.perf_counter()
@@ -121,17 +148,35 @@ def gate_hardware(
     xids = watcher[0].stop() if watcher else []
     if mark is not None:
         mark("probe", t)
-    slow = _slow(probes, {s.index: s.name or "" for s in first}, opts.slow_ratio)
+    slow = _slow(probes, first, dict(probe_targets), opts.slow_ratio)
+    last = snapshots(backend, indices, mig)
+    found = confirmed_degraded(backend, indices, mig, [first, last], time.monotonic())
     result = judge_all(
-        snapshots(backend, indices, mig),
+        last,
         thresholds,
         probes=probes,
         xids=xids,
         in_use=dict(in_use),
         degraded=slow,
         node_problems=node_problems,
+        nvml_degraded=found,
     )
-    return replace(result, allreduce=allreduce)
+    return replace(_unprobed(result, screen, probes), allreduce=allreduce)
+
+
+def _unprobed(result: GateResult, screen: GateResult, probes: Mapping[int, ProbeEvidence]) -> GateResult:
+    """With the probe on, a GPU that was not probed (busy, unknown or unhealthy when the probes started) keeps
+    that verdict even when a later snapshot looks clean: it was never measured, so it cannot pass."""
+    before = {v.index: v for v in screen.verdicts}
+    verdicts = []
+    for v in result.verdicts:
+        s = before.get(v.index)
+        if v.index in probes or v.verdict is not Verdict.HEALTHY or s is None or s.passes:
+            verdicts.append(v)
+            continue
+        note = f"not probed: it was {s.verdict.value} when the probes started"
+        verdicts.append(replace(s, reasons=(*s.reasons, note), warnings=v.warnings, degraded=v.degraded))
+    return replace(result, verdicts=tuple(verdicts))
 
 
 def _allreduce(
@@ -141,12 +186,8 @@ def _allreduce(
     joins each GPU's metrics (the floors judge it); a failure is every participant's problem."""
     if len(targets) < 2:
         return {"ok": True, "skipped": "an all-reduce needs two or more GPUs", "gpus": [i for i, _ in targets]}, {}
-    try:
-        from podguard.preflight.gate.probe.allreduce import run_allreduce
-    except ModuleNotFoundError as exc:
-        if exc.name != "podguard.preflight.gate.probe.allreduce":
-            raise  # the module is there and broken: that is a bug to see, not a probe to skip
-        return {"ok": True, "skipped": "the all-reduce probe is not available in this build"}, {}
+    from podguard.preflight.gate.probe.allreduce import run_allreduce
+
     res = run_allreduce(targets, timeout_s)
     record: dict[str, object] = {
         "ok": res.ok,
@@ -163,18 +204,31 @@ def _allreduce(
     return record, {}
 
 
-def _slow(probes: Mapping[int, ProbeEvidence], names: Mapping[int, str], ratio: float) -> dict[int, list[Degraded]]:
-    """Slow GPUs from the probes' metrics (gate/slow.py: relative to the node's median, and per-model floors)."""
+def _slow(
+    probes: Mapping[int, ProbeEvidence], first: Sequence[GpuSnapshot], visible: Mapping[int, str], ratio: float
+) -> dict[int, list[Degraded]]:
+    """Slow GPUs from the probes' metrics (gate/slow.py: relative to the same-model median, the model floors, the
+    host link's copy floor). A GPU measured on a MIG slice is judged by its slice's profile, never by floors."""
     metrics = {i: p.metrics for i, p in probes.items() if p.ok and p.metrics}
     if not metrics:
         return {}
-    try:
-        from podguard.preflight.gate.slow import slow_findings
-    except ModuleNotFoundError as exc:
-        if exc.name != "podguard.preflight.gate.slow":
-            raise
-        return {}  # the slow-GPU rules are not part of this build
-    return slow_findings(metrics, {i: names.get(i, "") for i in metrics}, ratio)
+    snaps = {s.index: s for s in first}
+    names = {i: snaps[i].name or "" if i in snaps else "" for i in metrics}
+    links = {i: (snaps[i].pcie_link_gen_max, snaps[i].pcie_link_width_max) for i in metrics if i in snaps}
+    slices = {i: _mig_profile(snaps.get(i), visible.get(i, "")) for i in metrics}
+    mig = {i: profile for i, profile in slices.items() if profile is not None}
+    return slow_findings(metrics, names, ratio, links=links, mig=mig)
+
+
+def _mig_profile(snap: GpuSnapshot | None, visible: str) -> str | None:
+    """The profile of the MIG slice a GPU was measured on (its memory size; the slice's own UUID when that is not
+    known, so it is compared with nothing), or None for a whole GPU."""
+    if not visible.startswith("MIG-") and not (snap is not None and snap.mig_enabled):
+        return None
+    device = next((m for m in (snap.mig_devices if snap else ()) if m.uuid == visible), None)
+    if device is not None and device.memory_total:
+        return f"MIG {device.memory_total // MIB} MiB"
+    return visible or "MIG"
 
 
 def _ids(targets: Sequence[tuple[int, str]]) -> str:
