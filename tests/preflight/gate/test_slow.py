@@ -260,8 +260,9 @@ def test_bool_and_nan_metrics_are_not_measurements() -> None:
 def _docs_floor_table() -> dict[str, dict[str, float | None]]:
     """The floor table of docs/gate.md ("Floors and where they come from"): the cited source of FLOORS."""
     text = (Path(__file__).resolve().parents[3] / "docs" / "gate.md").read_text()
-    section = text.split("### Floors and where they come from", 1)[1].split("\nSources:", 1)[0]
-    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    section = text.split("### Floors and where they come from", 1)[1]
+    table = section[section.index("\n| model (NVML name)") + 1 :].split("\n\n", 1)[0]  # the first table only
+    rows = [line.strip().strip("|").split("|") for line in table.splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in rows[0]]
     out: dict[str, dict[str, float | None]] = {}
     for cells in rows[1:]:
