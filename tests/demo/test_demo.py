@@ -156,3 +156,30 @@ def test_demo_bad_options_exit_64_before_importing_torch(tmp_path: Path, args: l
     assert proc.returncode == 64, proc.stdout + proc.stderr
     assert message in proc.stderr
     assert proc.stderr.startswith("podguard demo: error: ") and proc.stderr.count("\n") == 1
+
+
+def test_demo_without_torch_is_one_line_naming_torch_and_exit_64(tmp_path: Path) -> None:
+    """A newcomer's `pip install podguard` has no torch: `podguard train` (and the demo alone) say so in one
+    line with the way to get it, exit 64 (a configuration to fix: no restart or other GPU helps; 69 would send
+    self-heal and `pod up` looking for capacity), and start no worker: no traceback per rank."""
+    from freshvenv import ENTRYPOINT, add_paths, core_requirements, link_requirements, make_venv
+
+    python = make_venv(tmp_path / "venv")
+    link_requirements(python, core_requirements(), tmp_path)
+    add_paths(python, ENTRYPOINT)
+    env = _base_env(tmp_path / "state") | {"LD_LIBRARY_PATH": ""}  # a node without a driver: the CPU fallback
+    env.pop("PYTHONPATH", None)
+    assert subprocess.run([str(python), "-c", "import torch"], env=env, capture_output=True).returncode == 1
+    for argv, prefix in (
+        (["-m", "podguard", "train"], "podguard: error: "),
+        (["-m", "podguard", "train", "--mode", "torchrun"], "podguard: error: "),
+        (["-m", "podguard.demo"], "podguard demo: error: "),
+    ):
+        proc = subprocess.run([str(python), *argv], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 64, proc.stdout + proc.stderr
+        assert proc.stdout == "", proc.stdout
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith(prefix + "the built-in demo job needs torch"), lines
+        assert "pip install 'podguard[torch]'" in lines[0] and str(python) in lines[0]
+    assert not (tmp_path / "state" / "runs").exists()  # refused before any preflight or worker

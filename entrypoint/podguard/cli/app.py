@@ -2,11 +2,16 @@
 
 `main()` runs Typer in non-standalone mode so that every usage error (bad option value, unknown
 option, bad environment variable) becomes one line on stderr and exit 64, never a traceback or
-Click's exit 2, as PRODUCT.md's exit-code table requires.
+Click's exit 2, as PRODUCT.md's exit-code table requires. A reader that goes away early (`podguard doctor
+--json | head`) ends the command quietly: the node commands finish with their own exit code (cli/node.py),
+others that were cut off mid-output exit 141 (128 + SIGPIPE, what a shell tool reports); never Python's
+BrokenPipeError message and exit 120 at shutdown.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import typer
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     _register(args)
     try:
         code = app(args=args, prog_name="podguard", standalone_mode=False)
+    except SystemExit:
+        if not _stdout_pacified():
+            raise
+        code = _reader_gone()  # Click met EPIPE mid-output (unbuffered stdout) and chose exit 1: ours is 141
     except click_exc.NoArgsIsHelpError as exc:
         print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
         code = ExitCode.USAGE
@@ -91,5 +100,40 @@ def main(argv: list[str] | None = None) -> None:
         print(f"podguard: error: {exc.message}", file=sys.stderr)
         code = exc.code
     except BrokenPipeError:
-        code = 0
-    sys.exit(int(code or 0))
+        code = _reader_gone()
+    sys.exit(_flush_stdout(int(code or 0)))
+
+
+READER_GONE = 128 + signal.SIGPIPE  # 141: the output's reader went away before the command finished writing
+
+
+def _stdout_pacified() -> bool:
+    """Whether Click replaced stdout after an EPIPE (it does so only on that path, then exits 1)."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _reader_gone() -> int:
+    discard_stdout()
+    return READER_GONE
+
+
+def _flush_stdout(code: int) -> int:
+    """Write what is buffered now, while an EPIPE can still be handled: at shutdown Python would print
+    'Exception ignored ... BrokenPipeError' and exit 120. The command finished, so its code stands."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        discard_stdout()
+    except (OSError, ValueError):
+        pass
+    return code
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -104,7 +104,7 @@ def build(
     plan = plan_build(root, base=base, tag=tag, meta=meta, nocache=no_cache, torch_base=torch_base)
     result = run_build(client, plan, out=sys.stderr)
     if as_json:
-        print(f"podguard image build: {_added_line(result.added_bytes, base, torch_base)}", file=sys.stderr)
+        print(_added_line(result.added_bytes, base, torch_base), file=sys.stderr)  # "podguard adds ...": no prefix
         _emit(asdict(result))
         return
     size_mb = result.size_bytes / 1e6

@@ -48,6 +48,10 @@ def configure_counted(
     entry process backs off like any other crash loop (a person at a shell still gets the error at once).
     """
     try:
+        if demo:
+            from podguard.demo import require_torch
+
+            require_torch()  # one line naming torch and how to get it, before any GPU is touched
         cfg = configure(argv, launch, grace_s=opts.grace_s, demo=demo)
         if cfg.options.on_exit is OnExit.STOP_POD:
             from podguard.pods.selfheal import check_stop_pod
@@ -353,7 +357,7 @@ def _run_torchrun(
         rdzv_backend=opts.rdzv_backend,
     )
     outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False, watch=watch), errors)
-    _say(format_summary(outcome))
+    _say_all(format_summary(outcome).splitlines())  # `podguard: `-prefixed, as the other modes' summaries
     return outcome
 
 

@@ -34,9 +34,10 @@ def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None
     demo = not argv and launch.job_file is None
     if demo:
         argv = demo_argv()
+        auto = LaunchMode.TORCHRUN if (launch.nnodes or 1) > 1 else LaunchMode.PER_GPU  # a cluster node: torchrun
         launch = replace(
             launch,
-            mode=LaunchMode.PER_GPU if launch.mode is LaunchMode.AUTO else launch.mode,
+            mode=auto if launch.mode is LaunchMode.AUTO else launch.mode,
             cpu_workers=DEMO_CPU_WORKERS if launch.cpu_workers is None else launch.cpu_workers,
         )
     raise typer.Exit(run_job_flow(configure_counted(argv, launch, opts, demo=demo), opts))

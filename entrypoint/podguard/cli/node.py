@@ -43,7 +43,7 @@ def gpus(opts: PreflightOptions, as_json: Json = False) -> None:
     if as_json:
         _dump(payload)
     else:
-        print(render_inventory(payload))
+        _print(render_inventory(payload))
     if payload.get("error"):
         print(f"podguard: error: {payload['error']['message']}", file=sys.stderr)
         raise typer.Exit(payload["error"]["exit_code"])
@@ -76,12 +76,21 @@ def doctor(opts: PreflightOptions, as_json: Json = False) -> None:
     if as_json:
         _dump(data)
     else:
-        print(render(data))
+        _print(render(data))
 
 
 def _dump(data: object) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    print()
+    _print(json.dumps(data, indent=2, default=str))
+
+
+def _print(text: str) -> None:
+    """Print the command's output; a reader that went away (`| head`) does not change the exit code."""
+    from podguard.cli.app import discard_stdout
+
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        discard_stdout()
 
 
 def _finish(result, as_json: bool) -> None:  # type: ignore[no-untyped-def]

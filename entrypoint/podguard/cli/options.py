@@ -101,7 +101,8 @@ PREFLIGHT = Group(
         "probe": Param(
             ("--probe",),
             "Health probe: cuda (a child per GPU runs a checked matmul and measures matmul/memory/host-copy speed), "
-            "full (cuda plus one all-reduce across the GPUs), off (NVML only), auto.",
+            "full (cuda plus one all-reduce across the GPUs), off (NVML only), auto: cuda where this Python has a CUDA "
+            "build of torch and an NVIDIA driver is present (or --probe-cmd is given), else off.",
             type=str,
             parse=choice(ProbeMode, "PODGUARD_PROBE"),
             metavar="auto|cuda|full|off",
@@ -171,8 +172,10 @@ LAUNCH = Group(
     {
         "mode": Param(
             ("--mode",),
-            "auto, single (one process, all selected GPUs), per-gpu (one process per GPU), torchrun, "
-            "roles (a --job-file splits GPUs between roles).",
+            "auto: torchrun when CMD is a Python script or module (python x.py, python -m pkg) and 2+ GPUs are "
+            "selected, or on several nodes; else single (one GPU, CPU only, any other command); the demo runs "
+            "per-gpu, a --job-file roles. single (one process, all selected GPUs), per-gpu (one process per GPU), "
+            "torchrun, roles (a --job-file splits GPUs between roles).",
             type=str,
             parse=choice(LaunchMode, "--mode"),
             metavar="auto|single|per-gpu|torchrun|roles",

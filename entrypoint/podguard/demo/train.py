@@ -1,7 +1,8 @@
 """`python -m podguard.demo`: the demo training job (see the package docstring for what it shows).
 
-Exit codes: 0 done; 64 bad option or config (before torch is even imported); 1 the NaN guard stopped
-training; other PodguardError codes from init_rank (69 no GPU, 75 GPU busy, 76 GPU failed).
+Exit codes: 0 done; 64 bad option or config, or no torch in this Python (before torch is even imported);
+1 the NaN guard stopped training; other PodguardError codes from init_rank (69 no GPU, 75 GPU busy, 76 GPU
+failed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from podguard.demo import require_torch
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.rank import NanGuard, NonFiniteError, RankContext, build_config, init_rank, log_memory, serialized
 from podguard.rank._env import current_rank, emit
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         inject = parse_steps(args.inject_nan_at)
+        require_torch()  # one line naming torch and how to get it, not a traceback per rank
     except UsageError as exc:
         sys.stderr.write(f"podguard demo: error: {exc.message}\n")
         return exc.code

@@ -44,12 +44,13 @@ def job_detail(
     signum: int | None,
     root_detail: str,
 ) -> str:
-    """The one-line account of how the job ended (the `JobOutcome.detail`)."""
+    """The one-line account of how the job ended (the `JobOutcome.detail`), printed after `podguard: `: it does
+    not start with "podguard" itself."""
     killed = [e.name for e in exits if e.stopped_by_podguard and e.signal == signal.SIGKILL]
     stopped = f"; {len(killed)} needed SIGKILL after the grace period ({', '.join(killed)})" if killed else ""
     if signum is not None:
         return (
-            f"podguard received {signal_name(signum)} after {elapsed_s:.1f} s and stopped "
+            f"received {signal_name(signum)} after {elapsed_s:.1f} s and stopped "
             f"{len(exits)} worker(s){stopped}; exit {code}"
         )
     if root_detail:

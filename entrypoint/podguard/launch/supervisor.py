@@ -350,8 +350,9 @@ class Supervisor:
                 self._root_detail = f"{label} {describe_exit(self._exit_record(worker))}"
             others = self._live_count()
             if self._fail_fast:  # (independent workers report their own failures: say nothing here)
-                stopping = f"; stopping the other {others} worker(s), SIGKILL after {self.grace_s:g} s"
-                self.message(self._root_detail + (stopping if others else ""))
+                if others:  # (a lone worker's end is told once, by the summary)
+                    stopping = f"; stopping the other {others} worker(s), SIGKILL after {self.grace_s:g} s"
+                    self.message(self._root_detail + stopping)
                 self.stop()
         self._controller.on_exit(self, worker)
 
