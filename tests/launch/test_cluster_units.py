@@ -48,11 +48,40 @@ def test_workers_get_the_interface_of_node_addr_unless_the_user_chose_one():
     env, note = socket_ifname_env({"NODE_ADDR": "127.0.0.1"})
     assert env == {"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
     assert note is not None and "lo (holds NODE_ADDR=127.0.0.1)" in note
-    kept, note = socket_ifname_env({"NODE_ADDR": "127.0.0.1", "NCCL_SOCKET_IFNAME": "ib0"})
-    assert kept == {} and note is not None and "NCCL_SOCKET_IFNAME=ib0 (yours, kept)" in note
+    both = {"NODE_ADDR": "127.0.0.1", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib1"}
+    kept, note = socket_ifname_env(both)
+    assert kept == {} and note == "socket interface: NCCL_SOCKET_IFNAME=ib0, GLOO_SOCKET_IFNAME=ib1 (yours, kept)"
     assert socket_ifname_env({}) == ({}, None)
     none, warning = socket_ifname_env({"NODE_ADDR": "192.0.2.254"})
     assert none == {} and warning is not None and "no interface here holds NODE_ADDR=192.0.2.254" in warning
+
+
+@pytest.mark.parametrize(
+    ("yours", "pinned"),
+    [("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"), ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")],
+)
+def test_each_socket_variable_is_decided_on_its_own(yours, pinned):
+    """RunPod's docs say `export NCCL_SOCKET_IFNAME=ens1`: gloo must still get the interface holding NODE_ADDR
+    (else it may take the eth0 NAT), and the other way round."""
+    env, note = socket_ifname_env({"NODE_ADDR": "127.0.0.1", yours: "ens1"})
+    assert env == {pinned: "lo"}
+    assert note == f"socket interface: lo (holds NODE_ADDR=127.0.0.1) -> {pinned}; {yours}=ens1 (yours, kept)"
+    lost, warning = socket_ifname_env({"NODE_ADDR": "192.0.2.254", yours: "ens1"})
+    assert lost == {} and warning is not None and f"{pinned} left unset" in warning and f"{yours}=ens1" in warning
+
+
+def test_a_workers_environment_has_gloo_pinned_when_the_user_exported_only_nccl(tmp_path):
+    """A real `podguard run` on this (GPU-less) host: the job sees the user's NCCL value and gloo on `lo`."""
+    job = "import os; print('IFNAMES', os.environ.get('NCCL_SOCKET_IFNAME'), os.environ.get('GLOO_SOCKET_IFNAME'))"
+    drop = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NUM_NODES", "NODE_RANK", "RUNPOD_POD_ID", "LD_LIBRARY_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(NODE_ADDR="127.0.0.1", NCCL_SOCKET_IFNAME="ens1", PODGUARD_STATE_DIR=str(tmp_path / "state"))
+    proc = subprocess.run(
+        [*PODGUARD, "run", "--", sys.executable, "-c", job], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "IFNAMES ens1 lo" in proc.stdout
+    assert "NCCL_SOCKET_IFNAME=ens1 (yours, kept)" in proc.stdout + proc.stderr
 
 
 # -------------------------------------------------------------------------------- settings and variables

@@ -77,20 +77,24 @@ def _nccl_name(name: str) -> str:
 
 
 def socket_ifname_env(environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
-    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for the workers: the interface holding NODE_ADDR, when
-    NODE_ADDR is set and the user set neither variable. Returns (variables, the line the summary prints)."""
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for the workers, each decided on its own: the interface holding
+    NODE_ADDR for each variable the user did not set (when NODE_ADDR is set). RunPod's docs tell users to
+    export NCCL_SOCKET_IFNAME=ens1; gloo must still be pinned then. Returns (variables, the summary's line)."""
     node_addr = (environ.get("NODE_ADDR") or "").strip()
     if not node_addr:
         return {}, None
-    user_set = [v for v in IFNAME_VARS if environ.get(v)]
-    if user_set:
-        shown = ", ".join(f"{v}={environ[v]}" for v in user_set)
-        return {}, f"socket interface: {shown} (yours, kept)"
+    kept = [v for v in IFNAME_VARS if environ.get(v)]
+    missing = [v for v in IFNAME_VARS if v not in kept]
+    yours = ", ".join(f"{v}={environ[v]}" for v in kept) + " (yours, kept)" if kept else ""
+    if not missing:
+        return {}, f"socket interface: {yours}"
     name = interface_holding(node_addr)
     if name is None:
         return {}, (
-            f"warning: no interface here holds NODE_ADDR={node_addr}; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME "
-            "left unset (NCCL and gloo pick one themselves)"
+            f"warning: no interface here holds NODE_ADDR={node_addr}; {'/'.join(missing)} left unset "
+            "(NCCL and gloo pick one themselves)" + (f"; {yours}" if yours else "")
         )
-    env = {"NCCL_SOCKET_IFNAME": _nccl_name(name), "GLOO_SOCKET_IFNAME": name}
-    return env, f"socket interface: {name} (holds NODE_ADDR={node_addr}) -> NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME"
+    chosen = {"NCCL_SOCKET_IFNAME": _nccl_name(name), "GLOO_SOCKET_IFNAME": name}
+    env = {v: chosen[v] for v in missing}
+    line = f"socket interface: {name} (holds NODE_ADDR={node_addr}) -> {', '.join(missing)}"
+    return env, line + (f"; {yours}" if yours else "")
