@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint fmt bench clean
+.PHONY: install run test test-fast lint fmt bench clean dist release-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,7 +40,21 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist *.egg-info entrypoint/*.egg-info
+
+## the wheel and the sdist in dist/, checked the way PyPI checks them (twine check --strict). `python -m build`
+## fetches setuptools into an isolated build environment; offline: make dist BUILD_FLAGS=--no-isolation
+BUILD_FLAGS ?=
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist $(BUILD_FLAGS) .
+	$(BIN)/twine check --strict dist/*
+
+## before tagging a release (docs/development.md, "Releasing"): the version, its dated CHANGELOG section, an empty
+## Unreleased section, dist/ of that version; TAG=vX.Y.Z checks the tag name too. The tag push does the rest.
+TAG ?=
+release-check: dist
+	$(BIN)/python .github/scripts/release_check.py $(if $(TAG),--tag "$(TAG)") dist
 
 ## the container image (tini as PID 1, podguard as the entrypoint), built by `podguard image build` through
 ## the Docker SDK: the wheelhouse on the host first (docker/build-wheelhouse.sh), so the build itself needs
