@@ -22,6 +22,10 @@
  * only, `fail=<field>,...` on the parent only (an unprivileged container's view: the parent answers
  * NO_PERMISSION, its MIG devices answer).
  *
+ * XID events (nvmlEventSetWait*): each scenario `xid=` line is delivered once per process, after_ms after the
+ * later of the set's creation and the moment this process first read the line (see event_wait), so a long-lived
+ * set polled with a 0 ms timeout gets XIDs a test writes while it runs; `event_wait_error=` breaks the wait.
+ *
  * Extra (non-NVML) symbols for tests: fakeNvmlInitCount(), fakeNvmlCallCount(), fakeNvmlResetCallCount().
  * Compile with -DFAKE_OLD_DRIVER to leave out symbols an old driver lacks (tests FunctionNotFound).
  */
@@ -123,6 +127,7 @@ typedef struct {
     sproc_t sproc[MAX_STATIC_PROCS];
     int n_xid;
     xid_t xid[MAX_XIDS];
+    nvmlReturn_t event_wait_error; /* what nvmlEventSetWait* answers instead of waiting (0: wait) */
 } scenario_t;
 
 /* A registered (real, local) GPU process, read from the registry directory. */
@@ -160,6 +165,7 @@ static struct stat g_sc_stat; /* identity of what was read */
 static int g_init_count;
 static unsigned long long g_calls;
 static int g_xid_delivered[MAX_XIDS];
+static double g_xid_seen[MAX_XIDS]; /* when this process first read the scenario line of each XID */
 static struct nvmlDevice_st g_dev[MAX_GPUS];
 static struct nvmlDevice_st g_mig_dev[MAX_GPUS][MAX_MIG];
 static dead_t g_dead[MAX_DEAD];
@@ -392,7 +398,8 @@ static void parse_line(scenario_t *sc, char *line) {
         xid_t *x = &sc->xid[sc->n_xid];
         x->after_ms = 0;
         if (sscanf(v, "%u , %u , %u", &x->gpu, &x->code, &x->after_ms) >= 2) sc->n_xid++;
-    } else if (!strcmp(k, "version")) { /* format version, informative */
+    } else if (!strcmp(k, "event_wait_error")) sc->event_wait_error = parse_error(v);
+    else if (!strcmp(k, "version")) { /* format version, informative */
     } else fprintf(stderr, "fake NVML: unknown scenario key '%s'\n", k);
 }
 
@@ -414,6 +421,28 @@ static int parse_file(const char *path, scenario_t *sc) {
     return 0;
 }
 
+/* The XIDs of a newly read scenario: an XID line that a rewrite of the same file kept (same GPU, code and
+ * delay) is the same event and keeps its state (delivered, when first seen); any other line is a new event,
+ * first seen now. Called with g_lock held, before `fresh` replaces g_sc. */
+static void carry_xids(const scenario_t *fresh, int same_path) {
+    int delivered[MAX_XIDS] = {0}, taken[MAX_XIDS] = {0};
+    double seen[MAX_XIDS] = {0}, now = now_mono();
+    for (int i = 0; i < fresh->n_xid; i++) {
+        const xid_t *x = &fresh->xid[i];
+        seen[i] = now;
+        for (int j = 0; same_path && j < g_sc.n_xid; j++) {
+            const xid_t *o = &g_sc.xid[j];
+            if (taken[j] || o->gpu != x->gpu || o->code != x->code || o->after_ms != x->after_ms) continue;
+            taken[j] = 1;
+            delivered[i] = g_xid_delivered[j];
+            seen[i] = g_xid_seen[j];
+            break;
+        }
+    }
+    memcpy(g_xid_delivered, delivered, sizeof g_xid_delivered);
+    memcpy(g_xid_seen, seen, sizeof seen);
+}
+
 /* Re-read the scenario when forced (nvmlInit*) or when the file changed. Called with g_lock held.
  * A file that cannot be read after a successful load keeps the last state (tmp dirs get cleaned up). */
 static int reload(int force) {
@@ -428,15 +457,16 @@ static int reload(int force) {
     if (same_file && !force) return 0;
     static scenario_t fresh; /* large: keep it off the stack */
     if (parse_file(path, &fresh) != 0) return g_loaded ? 0 : -1;
+    if (!same_file) {
+        /* a new scenario: holders seen dead under the old one are forgotten; its XIDs are fresh, except
+         * those a rewrite of the same file kept (the same event: delivered at most once) */
+        carry_xids(&fresh, g_loaded && strcmp(path, g_sc_path) == 0);
+        g_n_dead = 0;
+    }
     g_sc = fresh;
     copy_str(g_sc_path, sizeof g_sc_path, path);
     g_sc_stat = st;
     g_loaded = 1;
-    if (!same_file) {
-        /* a new scenario: its XIDs are fresh, and holders seen dead under the old one are forgotten */
-        memset(g_xid_delivered, 0, sizeof g_xid_delivered);
-        g_n_dead = 0;
-    }
     return 0;
 }
 
@@ -1329,8 +1359,11 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ev
     API_RETURN(NVML_SUCCESS);
 }
 
-/* Deliver each scenario XID once (per process and scenario) to a set that watches its GPU, no earlier
- * than after_ms after the set was created. Otherwise wait until the timeout, re-reading the scenario. */
+/* Deliver each scenario XID once per process (a rewrite of the scenario that keeps the line does not deliver it
+ * again) to a set that watches its GPU, no earlier than after_ms after the later of the set's creation and the
+ * moment this process first read the line: an XID written into the scenario while a long-lived set is polled
+ * arrives after_ms after the fake notices it. Otherwise wait until the timeout, re-reading the scenario.
+ * `event_wait_error` makes every wait answer that error at once (a broken event API). */
 static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     pthread_mutex_lock(&g_lock);
     g_calls++;
@@ -1339,12 +1372,14 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsign
     double deadline = now_mono() + timeoutms / 1000.0;
     for (;;) {
         reload(0);
+        if (g_sc.event_wait_error != NVML_SUCCESS) API_RETURN(g_sc.event_wait_error);
         double now = now_mono(), next_due = deadline;
         for (int i = 0; i < g_sc.n_xid; i++) {
             const xid_t *x = &g_sc.xid[i];
             if (g_xid_delivered[i] || x->gpu >= (unsigned int)g_sc.gpu_count) continue;
             if (!(set->mask[x->gpu] & nvmlEventTypeXidCriticalError)) continue;
-            double due = set->created + x->after_ms / 1000.0;
+            double start = set->created > g_xid_seen[i] ? set->created : g_xid_seen[i];
+            double due = start + x->after_ms / 1000.0;
             if (due <= now) {
                 g_xid_delivered[i] = 1;
                 data->device = &g_dev[x->gpu];

@@ -21,9 +21,17 @@ File format (one `key=value` per line, `#` comments)::
     gpu.<i>.mig_device=<MIG-uuid>,<gpu instance id>,<compute instance id>[,<mem total MiB>]   (repeatable)
     gpu.<i>.fail=mig.<field>,<ERROR>       # fails the query on the GPU's MIG device handles only
     proc=<pid>,<gpu>,<mem_mib>[,compute|graphics[,<mig slot>]]   # static process (may be a host PID)
-    xid=<gpu>,<xid>[,<after_ms>]           # delivered once by nvmlEventSetWait_v2
+    xid=<gpu>,<xid>[,<after_ms>]           # delivered once by nvmlEventSetWait_v2 (see "XIDs" below)
+    event_wait_error=UNKNOWN               # nvmlEventSetWait* answers this error at once (a broken event API)
 
 Field names for `unsupported`/`fail`: see `FIELDS`.
+
+XIDs: each `xid=` line is one event, delivered once per process to an event set that watches its GPU, no
+earlier than `after_ms` after the later of the set's creation and the moment the process first read the line.
+So a scenario written before a process starts behaves as "after_ms after the set is created" (the gate's
+window), and a line added by a rewrite while a long-lived set is polled (the run-time GPU watch) arrives
+`after_ms` after the fake notices it. A rewrite that keeps a line (same GPU, code and delay) keeps its state:
+an XID already delivered is not delivered again when the test then, say, marks the GPU lost.
 """
 
 from __future__ import annotations
@@ -266,6 +274,7 @@ class Scenario:
     xids: list[XidSpec] = field(default_factory=list)
     release_delay_ms: int = 0
     procs_dir: Path | None = None
+    event_wait_error: str | None = None  # NVML error name every nvmlEventSetWait* answers (a broken event API)
     description: str = ""
 
     def gpu(self, index: int) -> GpuSpec:
@@ -290,6 +299,8 @@ class Scenario:
         ]
         if self.procs_dir is not None:
             lines.append(f"procs_dir={self.procs_dir}")
+        if self.event_wait_error:
+            lines.append(f"event_wait_error={self.event_wait_error}")
         for i, gpu in enumerate(self.gpus):
             if gpu.index != i:
                 raise ValueError(f"gpus[{i}] has index {gpu.index}; indices must be 0..n-1 in order")

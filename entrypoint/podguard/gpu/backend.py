@@ -3,6 +3,8 @@
     backend = open_backend()          # podguard.gpu.factory; None on a CPU-only node
     snap = backend.snapshot(0)        # GpuSnapshot: memory in bytes, None = "n/a"
     backend.processes(0, mig="MIG-...")  # GpuQueryError when NVML cannot tell
+    backend.health(0)                 # GpuHealth: the run-time watch's cheap poll (lost, ECC, recovery action)
+    events = backend.open_xid_events([0, 1]); events.poll(); events.close()   # Xid events without blocking
 
 Everything above this layer talks to a `GpuBackend`, never to NVML (docs/gate.md, "Backend").
 """
@@ -10,6 +12,7 @@ Everything above this layer talks to a `GpuBackend`, never to NVML (docs/gate.md
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -23,6 +26,7 @@ __all__ = [
     "DriverInfo",
     "EccState",
     "GpuBackend",
+    "GpuHealth",
     "GpuProcess",
     "GpuQueryError",
     "GpuSnapshot",
@@ -30,6 +34,7 @@ __all__ = [
     "NvmlFailure",
     "NvmlUnavailable",
     "XidEvent",
+    "XidSubscription",
     "decode_clock_events",
 ]
 
@@ -181,6 +186,33 @@ class XidEvent:
     timestamp: float  # time.time() when seen
 
 
+@dataclass(frozen=True)
+class GpuHealth:
+    """What the run-time GPU watch polls on one GPU (`GpuBackend.health`): a few cheap NVML queries.
+
+    None = NVML could not tell; `unknown` says which query did not answer and why ("ecc: NOT_SUPPORTED")."""
+
+    index: int
+    lost: bool = False  # NVML answered GPU_IS_LOST
+    ecc_uncorrected_volatile: int | None = None
+    recovery_action: str | None = None  # as GpuSnapshot.recovery_action: "none", "reset", "reboot", ...
+    unknown: tuple[str, ...] = ()
+
+
+class XidSubscription(Protocol):
+    """Critical Xid events on some GPUs from one long-lived NVML event set (`GpuBackend.open_xid_events`)."""
+
+    indices: tuple[int, ...]  # the GPUs whose events arrive here
+    unwatched: dict[int, str]  # GPUs that could not be registered -> NVML's error name
+    failure: str | None  # the last poll's event-wait error (None: it answered)
+
+    def poll(self) -> list[XidEvent]:
+        """The events that arrived since the last poll, at once (a wait with a 0 ms timeout); never blocks."""
+        ...
+
+    def close(self) -> None: ...
+
+
 # Clock event reason bits (nvml.h nvmlClocksEventReason*), decoded into stable names.
 CLOCK_EVENT_BITS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -236,6 +268,16 @@ class GpuBackend(Protocol):
 
         Waits in slices of at most 100 ms so a set `stop` ends the watch promptly.
         """
+        ...
+
+    def health(self, index: int) -> GpuHealth:
+        """Cheap run-time health of one GPU (lost, uncorrected volatile ECC count, the driver's recovery action):
+        at most three NVML calls, no CUDA context. Never raises for a query NVML cannot answer (`unknown`)."""
+        ...
+
+    def open_xid_events(self, indices: Sequence[int]) -> XidSubscription | None:
+        """An event set kept open for critical Xid events on these GPUs, polled without blocking; None when
+        NVML has no event API here (or no GPU could be registered)."""
         ...
 
     def close(self) -> None: ...

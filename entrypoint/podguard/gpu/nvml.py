@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from podguard.gpu.backend import (
     DriverInfo,
     EccState,
+    GpuHealth,
     GpuProcess,
     GpuQueryError,
     GpuSnapshot,
@@ -27,11 +28,13 @@ from podguard.gpu.backend import (
     NvmlFailure,
     NvmlUnavailable,
     XidEvent,
+    XidSubscription,
     decode_clock_events,
 )
 from podguard.gpu.nvml_support import (
     COMPUTE_MODES,
     ENV_LIBRARY,
+    NOT_AVAILABLE_CODES,
     NVLINK_UP_STATES,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
@@ -94,6 +97,7 @@ class NvmlBackend:
         self._count: int | None = None
         self._nvlink_links: dict[int, int | None] = {}  # GPU -> NVLink link count (hardware: read once)
         self._memory_v1 = False  # the driver lacks nvmlDeviceGetMemoryInfo_v2: use v1 from then on
+        self._health_na: dict[int, dict[str, str]] = {}  # GPU -> health query it cannot answer -> why (not asked again)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -105,6 +109,7 @@ class NvmlBackend:
         self._handles.clear()
         self._mig_handles.clear()
         self._nvlink_links.clear()
+        self._health_na.clear()
         with contextlib.suppress(Exception):
             self._nv.nvmlShutdown()
 
@@ -417,6 +422,33 @@ class NvmlBackend:
             raise GpuQueryError(f"{where} process list", failed)
         return procs
 
+    def health(self, index: int) -> GpuHealth:
+        """The run-time watch's poll: the recovery-action field and the uncorrected volatile ECC count (one NVML
+        call each, handle cached); a GPU_IS_LOST from either is a lost GPU. A query the GPU cannot answer (not
+        supported, no permission) is not asked again; when neither can be asked, memory info is the liveness
+        probe. Never raises for NVML's answers."""
+        r = Reader(self._nv)
+        h = self._handles.get(index)
+        if h is None:
+            self._check_index(index)
+            h = self._handle(index, r)
+        if h is None:
+            return GpuHealth(index=index, lost=r.lost, unknown=_health_unknown(r.failures))
+        na = self._health_na.setdefault(index, {})
+        recovery = None if "recovery_action" in na else self._recovery_field(h, r)
+        ecc = None if "ecc" in na else r.call("ecc", "nvmlDeviceGetTotalEccErrors", h, 1, 0)  # uncorrected, volatile
+        if recovery is None and ecc is None and not r.lost:
+            self._memory(h, r)  # liveness only: a lost GPU answers GPU_IS_LOST
+        na.update({label: name for label, name in r.failures.items() if name in _NA_NAMES and label != "memory"})
+        unknown = _health_unknown({**na, **r.failures})
+        return GpuHealth(index, lost=r.lost, ecc_uncorrected_volatile=ecc, recovery_action=recovery, unknown=unknown)
+
+    def _recovery_field(self, h: Any, r: Reader) -> str | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION alone, in one nvmlDeviceGetFieldValues call."""
+        field_id = getattr(self._nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+        values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field_id])
+        return self._recovery_action(values[0], r) if values else None
+
     # -- events ----------------------------------------------------------------------------------------
 
     def watch_xid(
@@ -426,3 +458,17 @@ class NvmlBackend:
         from podguard.gpu.nvml_events import watch_xid
 
         return watch_xid(self._nv, self._handle, indices, timeout_s, stop)
+
+    def open_xid_events(self, indices: Sequence[int]) -> XidSubscription | None:
+        """One event set for critical Xid events on `indices`, kept open and polled without waiting."""
+        from podguard.gpu.nvml_events import open_xid_subscription
+
+        return open_xid_subscription(self._nv, self._handle, indices)
+
+
+_NA_NAMES = frozenset(error_name(code) for code in NOT_AVAILABLE_CODES)  # "NOT_SUPPORTED", ...
+
+
+def _health_unknown(failures: dict[str, str]) -> tuple[str, ...]:
+    """What a health poll could not read, as "label: NVML error name" (a lost GPU is `lost`, not unknown)."""
+    return tuple(f"{label}: {name}" for label, name in failures.items() if name != "GPU_IS_LOST")

@@ -1,6 +1,9 @@
-"""Critical XID events from NVML's event API, for the gate's observation window.
+"""Critical XID events from NVML's event API: the gate's observation window, and the run-time watch's poll.
 
-events = watch_xid(pynvml, handle_of, [0, 1], timeout_s=5.0, stop=threading.Event())
+events = watch_xid(pynvml, handle_of, [0, 1], timeout_s=5.0, stop=threading.Event())   # blocks for the window
+sub = open_xid_subscription(pynvml, handle_of, [0, 1])   # one event set, kept open for the run
+sub.poll()                                               # what arrived since the last poll; never waits
+sub.close()
 """
 
 from __future__ import annotations
@@ -21,28 +24,40 @@ from podguard.gpu.nvml_support import (
     debug,
     describe_error,
     error_code,
+    error_name,
     wait_until,
 )
 
 if TYPE_CHECKING:
     import threading
 
-__all__ = ["watch_xid"]
+__all__ = ["NvmlXidSubscription", "open_xid_subscription", "watch_xid"]
+
+MAX_EVENTS_PER_POLL = 64  # a poll drains at most this many (an event storm cannot make one poll unbounded)
 
 
 def _register(
-    nv: ModuleType, event_set: Any, handle_of: Callable[[int], Any], indices: Sequence[int]
+    nv: ModuleType,
+    event_set: Any,
+    handle_of: Callable[[int], Any],
+    indices: Sequence[int],
+    failures: dict[int, str] | None = None,
 ) -> dict[int, int]:
-    """Register each GPU for XID events; handle address -> NVML index of those that could be."""
+    """Register each GPU for XID events; handle address -> NVML index of those that could be. `failures`, when
+    given, gets index -> NVML error name for those that could not."""
     watched: dict[int, int] = {}
     for index in indices:
         h = handle_of(index)
         if h is None:
+            if failures is not None:
+                failures[index] = "no handle"
             continue
         try:
             nv.nvmlDeviceRegisterEvents(h, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, event_set)
         except nv.NVMLError as exc:
             debug("GPU %s: XID events unavailable: %s", index, describe_error(exc))
+            if failures is not None:
+                failures[index] = error_name(error_code(exc))
             continue
         address = address_of(h)
         if address is not None:
@@ -94,3 +109,65 @@ def watch_xid(
             with contextlib.suppress(Exception):
                 nv.nvmlEventSetFree(event_set)
     return events
+
+
+class NvmlXidSubscription:
+    """One NVML event set registered for critical Xid events, kept open and drained without waiting.
+
+    NVML queues each event in every set registered for its GPU, so nothing is missed between polls; a poll
+    is one nvmlEventSetWait_v2 call with a 0 ms timeout when nothing arrived (about 5 µs on an H100)."""
+
+    def __init__(self, nv: ModuleType, event_set: Any, watched: dict[int, int], unwatched: dict[int, str]) -> None:
+        self._nv = nv
+        self._set: Any = event_set
+        self._watched = watched  # handle address -> NVML index
+        self._wait = getattr(nv, "nvmlEventSetWait_v2", None) or nv.nvmlEventSetWait
+        self.indices: tuple[int, ...] = tuple(sorted(set(watched.values())))
+        self.unwatched = unwatched
+        self.failure: str | None = None
+
+    def poll(self) -> list[XidEvent]:
+        """The Xid events that arrived since the last poll (at most MAX_EVENTS_PER_POLL; the rest stay queued).
+
+        A wait that fails (not a timeout) ends the poll and sets `failure` to NVML's error name."""
+        events: list[XidEvent] = []
+        if self._set is None:
+            return events
+        nv = self._nv
+        for _ in range(MAX_EVENTS_PER_POLL):
+            try:
+                data = self._wait(self._set, 0)
+            except nv.NVMLError as exc:
+                code = error_code(exc)
+                self.failure = None if code == NVML_ERROR_TIMEOUT else error_name(code)
+                break
+            self.failure = None
+            index = self._watched.get(address_of(data.device) or -1)
+            if index is not None and data.eventType & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
+                events.append(XidEvent(gpu_index=index, xid=int(data.eventData), timestamp=time.time()))
+        return events
+
+    def close(self) -> None:
+        event_set, self._set = self._set, None
+        if event_set is not None:
+            with contextlib.suppress(Exception):
+                self._nv.nvmlEventSetFree(event_set)
+
+
+def open_xid_subscription(
+    nv: ModuleType, handle_of: Callable[[int], Any], indices: Sequence[int]
+) -> NvmlXidSubscription | None:
+    """An event set registered for critical Xid events on `indices`, or None when NVML cannot create one or
+    register any of the GPUs (no event API here: consumer boards, old drivers, some containers)."""
+    try:
+        event_set = nv.nvmlEventSetCreate()
+    except nv.NVMLError as exc:
+        debug("NVML events unavailable: %s", describe_error(exc))
+        return None
+    unwatched: dict[int, str] = {}
+    watched = _register(nv, event_set, handle_of, indices, unwatched)
+    if not watched:
+        with contextlib.suppress(Exception):
+            nv.nvmlEventSetFree(event_set)
+        return None
+    return NvmlXidSubscription(nv, event_set, watched, unwatched)
