@@ -1,0 +1,574 @@
+"""Every worker's Python stacks (all threads), taken from outside when a job is hung; the per-rank summary.
+
+    targets = find_rank_processes({"torchrun": agent_pid}, gpus={"torchrun": (0, 1)})
+    stacks = capture_stacks(targets, state_dir / "stacks")      # never raises, parallel, bounded
+    for line in hang_summary(stacks):                           # "rank 1 (GPU 1): data.py:12 in load_batch"
+        print(line)
+
+The mechanism is `py-spy dump` (PyPI `py-spy`, a static binary: podguard's `stacks` extra): it reads the
+interpreter's memory with process_vm_readv and pauses the process with ptrace for a consistent snapshot, so
+the user's code needs no change. It needs ptrace permission over the workers: CAP_SYS_PTRACE
+(`--cap-add SYS_PTRACE`), or no Yama restriction (`kernel.yama.ptrace_scope` 0), or a worker that allowed
+podguard as its tracer (`allow_tracing_by`, Yama scope 1). Where it cannot work, each rank's `error` says
+why in one line, with the fix. Why this choice and the alternatives: docs/watch.md, "Stacks".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from podguard.procfs import PROC, children_of, read_stat
+
+__all__ = [
+    "PY_SPY_INSTALL",
+    "Frame",
+    "RankStacks",
+    "StackTarget",
+    "ThreadStack",
+    "allow_tracing_by",
+    "capture_stacks",
+    "find_py_spy",
+    "find_rank_processes",
+    "hang_summary",
+    "ptrace_diagnosis",
+]
+
+PY_SPY_INSTALL = "pip install 'podguard[stacks]' (or: pip install py-spy)"
+PR_SET_PTRACER = 0x59616D61  # Yama: "this process may be traced by <pid> and its descendants"
+CAP_SYS_PTRACE = 19
+WRAP_MODULE = "podguard.rank.wrap"  # torchrun mode's per-rank wrapper: an ancestor of the rank, not the rank
+_PYTHON_EXE = re.compile(r"^(python|pypy)[0-9.]*[dmu]*$")
+_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "/podguard/")
+_STDLIB = re.compile(r"/lib(64)?/python[0-9.]+/")
+COLLECTIVES = frozenset(
+    {
+        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+        "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "reduce",
+        "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
+        "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait", "synchronize",
+    }
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# records
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    """One process whose stacks to take."""
+
+    pid: int
+    rank: int | None  # global RANK where known
+    local_rank: int | None
+    gpu: int | None  # NVML index the rank uses, where known
+    name: str  # the supervisor's worker name, e.g. "GPU3" or "torchrun"
+
+    @property
+    def label(self) -> str:
+        """'rank 3 (GPU 3)', 'rank 0', or the worker name when there is no rank."""
+        who = f"rank {self.rank}" if self.rank is not None else self.name
+        return f"{who} (GPU {self.gpu})" if self.gpu is not None else who
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str  # full path as the target sees it
+    line: int
+    short_file: str = ""  # py-spy's package-relative name, e.g. "torch/distributed/distributed_c10d.py"
+
+    @property
+    def is_user(self) -> bool:
+        """In the user's code: not torch, site-packages, the standard library, podguard or frozen modules."""
+        return is_user_file(self.file)
+
+    def where(self) -> str:
+        """'train.py:42 in step'."""
+        return f"{self.short_file or os.path.basename(self.file)}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    thread_id: int  # the OS thread id (the pid for the main thread)
+    name: str | None
+    active: bool  # False: idle (waiting, sleeping, blocked in a call)
+    frames: tuple[Frame, ...]  # innermost first
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    target: StackTarget
+    path: Path | None  # the human-readable dump under out_dir
+    threads: tuple[ThreadStack, ...]
+    innermost_user_frame: str | None  # "train.py:42 in step", of the main thread (else the first with one)
+    error: str | None  # why there are no stacks: one line with the cause and the fix
+    duration_ms: float
+    collective: str | None = None  # the torch.distributed call the main thread waits in, e.g. "all_reduce"
+
+
+def is_user_file(path: str) -> bool:
+    """True for the user's own source files (see Frame.is_user)."""
+    if not path or path.startswith("<frozen") or path.startswith("<built-in"):
+        return False
+    normal = path.replace("\\", "/")
+    return not any(part in normal for part in _LIBRARY_PARTS) and not _STDLIB.search(normal)
+
+
+# --------------------------------------------------------------------------------------------------
+# which processes
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The process's initial environment (Yama restricts attaching, not this read); {} when unreadable."""
+    try:
+        raw = Path(f"{PROC}/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"{PROC}/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def _is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (its executable's name)."""
+    try:
+        exe = os.path.basename(os.readlink(f"{PROC}/{pid}/exe"))
+    except OSError:
+        argv = _cmdline(pid)
+        exe = os.path.basename(argv[0]) if argv else ""
+    return bool(_PYTHON_EXE.match(exe.removesuffix(" (deleted)")))
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    rank: int | None
+    local_rank: int | None
+    python: bool
+    wrapper_gpus: tuple[int, ...] | None  # podguard's rank wrapper, with the NVML indices it was given
+
+
+def _describe(pid: int) -> _Proc:
+    env = _environ(pid)
+    argv = _cmdline(pid)
+    wrapper = any(a == f"-m{WRAP_MODULE}" or a == WRAP_MODULE for a in argv)
+    gpus: tuple[int, ...] | None = None
+    if wrapper:
+        spec = next((a.removeprefix("--gpus=") for a in argv if a.startswith("--gpus=")), "")
+        gpus = tuple(i for i in (_int(g) for g in spec.split(",")) if i is not None)
+    return _Proc(pid, _int(env.get("RANK")), _int(env.get("LOCAL_RANK")), _is_python(pid), gpus)
+
+
+def _rank_gpu(gpus: Sequence[int], local_rank: int | None) -> int | None:
+    if len(gpus) == 1:
+        return gpus[0]
+    if local_rank is not None and 0 <= local_rank < len(gpus):
+        return gpus[local_rank]
+    return None
+
+
+def _walk(root: int, name: str, gpus: Sequence[int]) -> list[StackTarget]:
+    """The topmost Python process of each RANK in root's tree (not podguard's wrapper, not a rank's own
+    children such as data-loader workers, which inherit its RANK); the agent only when nothing has a rank."""
+    found: list[StackTarget] = []
+    agents: list[StackTarget] = []
+    stack: list[tuple[int, object, tuple[int, ...]]] = [(root, _UNSEEN, tuple(gpus))]
+    while stack:
+        pid, claimed, seen_gpus = stack.pop()
+        proc = _describe(pid)
+        if proc.wrapper_gpus:
+            seen_gpus = proc.wrapper_gpus
+        if proc.python and proc.wrapper_gpus is None and claimed != proc.rank:
+            target = StackTarget(pid, proc.rank, proc.local_rank, _rank_gpu(seen_gpus, proc.local_rank), name)
+            (found if proc.rank is not None else agents).append(target)
+            claimed = proc.rank
+        stack.extend((child, claimed, seen_gpus) for child in children_of(pid))
+    return found or agents or [StackTarget(root, None, None, gpus[0] if len(gpus) == 1 else None, name)]
+
+
+_UNSEEN = object()
+
+
+def find_rank_processes(
+    worker_pids: Mapping[str, int], *, gpus: Mapping[str, Sequence[int]] | None = None
+) -> list[StackTarget]:
+    """The processes to dump, ranks first in rank order: each worker itself (single, per-gpu) and, under
+    torchrun, its rank processes (RANK/LOCAL_RANK from /proc/<pid>/environ; the agent is not a rank).
+
+    `gpus`: worker name -> the NVML indices it sees (WorkerSpec.gpus); a rank uses the one at its LOCAL_RANK.
+    Under podguard's torchrun wrapper the indices come from the wrapper's `--gpus` too.
+    """
+    targets: list[StackTarget] = []
+    for name, pid in worker_pids.items():
+        if read_stat(pid) is None:
+            continue
+        targets.extend(_walk(pid, name, tuple((gpus or {}).get(name, ()))))
+    return sorted(targets, key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.pid))
+
+
+def allow_tracing_by(pid: int) -> bool:
+    """Let `pid` and its descendants (py-spy started by podguard) trace the calling process under Yama's
+    ptrace_scope 1, which otherwise allows only ancestors. Call it in a worker between fork and exec (it
+    survives exec: Yama keeps the relation until the process ends). False where the kernel has no Yama."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# capture
+
+
+def find_py_spy() -> str | None:
+    """py-spy next to this Python (a virtualenv not on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def _status_field(name: str) -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path(f"{PROC}/self/status").read_text().splitlines():
+            if line.startswith(f"{name}:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def _yama_scope() -> int | None:
+    try:
+        return int(Path(f"{PROC}/sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def ptrace_diagnosis() -> str:
+    """Why ptrace was refused here, and the fix, in one line (read from Yama, capabilities, seccomp)."""
+    scope = _yama_scope()
+    caps = int(_status_field("CapEff") or "0", 16)
+    has_cap = bool(caps >> CAP_SYS_PTRACE & 1)
+    seccomp = _status_field("Seccomp") == "2"
+    if scope == 3:
+        return "ptrace is disabled on this host (kernel.yama.ptrace_scope=3): stacks cannot be taken from outside"
+    if not has_cap and scope in (1, 2):
+        return (
+            f"ptrace not allowed: the host restricts it (kernel.yama.ptrace_scope={scope}) and the container "
+            "lacks CAP_SYS_PTRACE; start it with --cap-add SYS_PTRACE"
+        )
+    if has_cap and seccomp:
+        return (
+            "ptrace not allowed by the container's seccomp profile (Docker < 19.03 or a kernel < 4.8); "
+            "start it with --cap-add SYS_PTRACE or --security-opt seccomp=unconfined"
+        )
+    return "ptrace not allowed (permission denied); start the container with --cap-add SYS_PTRACE"
+
+
+def _explain(stderr: str) -> str:
+    """py-spy's failure as one line with its cause and fix."""
+    text = stderr.lower()
+    if "permission denied" in text or "operation not permitted" in text or "os error 1)" in text:
+        return ptrace_diagnosis()
+    if "no such file" in text or "no such process" in text or "os error 3)" in text:
+        return "the process had already exited"
+    if "python version" in text or "python interpreter" in text:
+        return "not a Python process (py-spy found no interpreter in it)"
+    first = next((ln.strip() for ln in stderr.splitlines() if ln.strip()), "no output")
+    return f"py-spy failed: {first.removeprefix('Error: ')[:200]}"
+
+
+def _stem(target: StackTarget) -> str:
+    if target.rank is not None:
+        return f"rank{target.rank}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", target.name) + f"-{target.pid}"
+
+
+@dataclass
+class _Run:
+    target: StackTarget
+    raw: Path
+    err: Path
+    popen: subprocess.Popen[bytes] | None
+    started: float
+    stopped_before: bool
+    error: str | None = None
+    ended: float | None = None
+
+
+def _start(target: StackTarget, py_spy: Sequence[str], out_dir: Path) -> _Run:
+    stem = _stem(target)
+    raw, err = out_dir / f"{stem}.json", out_dir / f".{stem}.err"
+    stat = read_stat(target.pid)
+    run = _Run(target, raw, err, None, time.monotonic(), stat is not None and stat.state == "T")
+    if stat is None or stat.state in ("Z", "X"):
+        run.error = "the process had already exited"
+        return run
+    argv = [*py_spy, "dump", "--pid", str(target.pid), "--json"]  # JSON has full and short file names
+    env = {**os.environ, "RUST_BACKTRACE": "0"}
+    try:
+        with raw.open("wb") as out, err.open("wb") as errf:
+            run.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=errf, env=env)
+    except OSError as exc:
+        run.error = f"cannot run py-spy: {exc.strerror or exc}"
+    return run
+
+
+def _finish(run: _Run, deadline: float, timeout_s: float) -> None:
+    if run.popen is not None:
+        try:
+            run.popen.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            run.popen.kill()
+            run.popen.wait()
+            run.error = f"py-spy did not answer within {timeout_s:g} s (the process may be in uninterruptible I/O)"
+    run.ended = time.monotonic()
+    _resume_if_stopped(run)
+
+
+def _resume_if_stopped(run: _Run) -> None:
+    """Never leave a process stopped: one that py-spy left in a stop (and was not stopped before) continues."""
+    stat = read_stat(run.target.pid)
+    if stat is not None and stat.state in ("T", "t") and not run.stopped_before:
+        with contextlib.suppress(OSError):
+            os.kill(run.target.pid, signal.SIGCONT)
+
+
+def _frames(items: list[dict[str, object]]) -> tuple[Frame, ...]:
+    out = []
+    for f in items:
+        line = f.get("line")
+        out.append(
+            Frame(
+                function=str(f.get("name") or "?"),
+                file=str(f.get("filename") or "?"),
+                line=line if isinstance(line, int) else 0,
+                short_file=str(f.get("short_filename") or ""),
+            )
+        )
+    return tuple(out)
+
+
+def _parse(data: object) -> tuple[ThreadStack, ...]:
+    """py-spy's --json dump: a list of threads, each with frames innermost first."""
+    threads = []
+    for t in data if isinstance(data, list) else []:
+        if not isinstance(t, dict):
+            continue
+        tid = t.get("os_thread_id") or t.get("thread_id") or 0
+        frames = t.get("frames") if isinstance(t.get("frames"), list) else []
+        threads.append(
+            ThreadStack(
+                thread_id=int(tid) if isinstance(tid, int) else 0,
+                name=str(t["thread_name"]) if t.get("thread_name") else None,
+                active=bool(t.get("active")),
+                frames=_frames([f for f in frames if isinstance(f, dict)]),  # type: ignore[union-attr]
+            )
+        )
+    return tuple(threads)
+
+
+def _main_thread(target: StackTarget, threads: Sequence[ThreadStack]) -> ThreadStack | None:
+    main = next((t for t in threads if t.thread_id == target.pid), None)
+    return main or next((t for t in threads if any(f.is_user for f in t.frames)), None)
+
+
+def _collective(frames: Sequence[Frame], user_index: int | None) -> str | None:
+    """The torch.distributed call below the user's frame (or anywhere, without one), e.g. 'all_reduce'."""
+    inner = frames[:user_index] if user_index is not None else frames
+    for f in reversed(inner):  # outermost first: the call the user made, not torch's internal helpers
+        if f.function in COLLECTIVES and "/torch/" in f.file.replace("\\", "/"):
+            return f.function
+    return None
+
+
+def _where(target: StackTarget, threads: Sequence[ThreadStack]) -> tuple[str | None, str | None]:
+    main = _main_thread(target, threads)
+    if main is None:
+        return None, None
+    index = next((i for i, f in enumerate(main.frames) if f.is_user), None)
+    user = main.frames[index].where() if index is not None else None
+    return user, _collective(main.frames, index)
+
+
+def render(target: StackTarget, threads: Sequence[ThreadStack]) -> str:
+    """The kept text: py-spy's own layout, full file names, one block per thread."""
+    lines = [f"{target.label}: pid {target.pid}, worker {target.name} (py-spy dump, innermost frame first)"]
+    for t in threads:
+        state = "active" if t.active else "idle"
+        lines.append(f'Thread {t.thread_id} ({state}): "{t.name or ""}"')
+        lines.extend(f"    {f.function} ({f.file}:{f.line})" for f in t.frames)
+    return "\n".join(lines) + "\n"
+
+
+def _result(run: _Run) -> RankStacks:
+    duration = ((run.ended or time.monotonic()) - run.started) * 1000
+    error = run.error
+    threads: tuple[ThreadStack, ...] = ()
+    if error is None and run.popen is not None and run.popen.returncode != 0:
+        error = _explain(_read(run.err))
+    if error is None:
+        try:
+            threads = _parse(json.loads(_read(run.raw) or "null"))
+        except ValueError:
+            error = "py-spy's output could not be read"
+    with contextlib.suppress(OSError):
+        run.err.unlink()
+    if error is not None or not threads:
+        with contextlib.suppress(OSError):
+            run.raw.unlink()
+        return RankStacks(run.target, None, (), None, error or "py-spy found no Python threads", duration)
+    threads = tuple(sorted(threads, key=lambda t: t.thread_id != run.target.pid))  # the main thread first
+    user, collective = _where(run.target, threads)
+    kept = _keep(run.raw.with_suffix(".txt"), run.target, threads)
+    return RankStacks(run.target, kept, threads, user, None, duration, collective)
+
+
+def _keep(path: Path, target: StackTarget, threads: Sequence[ThreadStack]) -> Path | None:
+    try:
+        path.write_text(render(target, threads))
+    except OSError:
+        return None
+    return path
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _failed(targets: Sequence[StackTarget], error: str) -> list[RankStacks]:
+    return [RankStacks(t, None, (), None, error, 0.0) for t in targets]
+
+
+def capture_stacks(
+    targets: Sequence[StackTarget],
+    out_dir: Path,
+    *,
+    timeout_s: float = 10.0,
+    py_spy: Sequence[str] | None = None,
+) -> list[RankStacks]:
+    """Every target's stacks at once (one py-spy each, each with its own `timeout_s`), kept under `out_dir`
+    as `rank<N>.txt` (plus py-spy's JSON). Never raises; a process py-spy stopped is always resumed.
+    `py_spy`: the command to run (default: `find_py_spy()`)."""
+    if not targets:
+        return []
+    command = list(py_spy) if py_spy else ([found] if (found := find_py_spy()) else [])
+    if not command:
+        return _failed(targets, f"py-spy is not installed: {PY_SPY_INSTALL}")
+    if _yama_scope() == 3:
+        return _failed(targets, ptrace_diagnosis())
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _failed(targets, f"cannot create {out_dir}: {exc.strerror or exc}")
+    runs = [_start(t, command, out_dir) for t in targets]
+    for run in runs:
+        _finish(run, run.started + timeout_s, timeout_s)
+    return [_result(run) for run in runs]
+
+
+# --------------------------------------------------------------------------------------------------
+# summary
+
+
+def _ranks(items: Sequence[RankStacks]) -> str:
+    """'rank 1', 'ranks 0, 2-5' (workers without a rank by name)."""
+    numbers = sorted(s.target.rank for s in items if s.target.rank is not None)
+    parts, i = [], 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
+        i = j + 1
+    names = [s.target.name for s in items if s.target.rank is None]
+    if not numbers:
+        return ", ".join(names)
+    word = "rank" if len(items) == 1 else "ranks"
+    return f"{word} {', '.join(parts + names)}"
+
+
+def _state(s: RankStacks, plural: bool = False) -> str:
+    """'waits in all_reduce at train.py:57 in step' / 'is at data.py:12 in load_batch' (plural: wait / are)."""
+    where = s.innermost_user_frame or "no frame of the user's code"
+    if s.collective:
+        return f"{'wait' if plural else 'waits'} in {s.collective} at {where}"
+    return f"{'are' if plural else 'is'} at {where}"
+
+
+def _rank_line(s: RankStacks) -> str:
+    if s.error:
+        return f"{s.target.label}: no stacks: {s.error}"
+    where = s.innermost_user_frame or "(no frame of the user's code)"
+    return f"{s.target.label}: {where}" + (f" (in {s.collective})" if s.collective else "")
+
+
+def _group(items: Sequence[RankStacks]) -> str:
+    return f"{_ranks(items)} {_state(items[0], plural=len(items) > 1)}"
+
+
+def _verdict(good: Sequence[RankStacks]) -> str | None:
+    """Which ranks differ from the rest, and the likely stuck one."""
+    if len(good) < 2:
+        return None
+    groups: dict[str, list[RankStacks]] = {}
+    for s in good:
+        groups.setdefault(_state(s), []).append(s)
+    ordered = sorted(groups.values(), key=len, reverse=True)
+    if len(ordered) == 1:
+        return f"all {len(good)} ranks {_state(good[0], plural=True)}: none differs (the stuck one may be elsewhere)"
+    waiting = [g for g in ordered if g[0].collective]
+    outside = [g for g in ordered if not g[0].collective]
+    if waiting and outside:  # a collective waits for the ranks that never reached it
+        stuck = sum(len(g) for g in outside)
+        who = "is the likely stuck rank" if stuck == 1 else "are the likely stuck ranks"
+        return "; ".join(_group(g) for g in waiting + outside) + f": {_ranks([s for g in outside for s in g])} {who}"
+    if len(ordered[0]) * 2 <= len(good):
+        return "the ranks are at different places: " + "; ".join(_group(g) for g in ordered)
+    differ = [s for g in ordered[1:] for s in g]
+    verb = "differs" if len(differ) == 1 else "differ"
+    return "; ".join(_group(g) for g in ordered) + f": {_ranks(differ)} {verb} from the rest"
+
+
+def hang_summary(stacks: Sequence[RankStacks]) -> list[str]:
+    """One line per rank ('rank N (GPU i): <innermost frame of the user's code>'), then which ranks differ
+    from the rest and the likely stuck one; missing stacks say why."""
+    lines = [_rank_line(s) for s in stacks]
+    good = [s for s in stacks if not s.error]
+    verdict = _verdict(good)
+    if verdict:
+        lines.append(verdict)
+    errors = {s.error for s in stacks if s.error}
+    if stacks and not good and len(errors) == 1:
+        lines.append(f"no stacks were taken: {next(iter(errors))}")
+    return lines
