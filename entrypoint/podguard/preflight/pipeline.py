@@ -55,13 +55,16 @@ def run_preflight(
     out: TextIO | None = None,
     quiet: bool = False,
     validate_selection: Callable[[Selection], None] | None = None,
+    held: GpuLease | None = None,
 ) -> PreflightResult:
     """Run the preflight and return its verdict. Never raises for expected failures: they become exit codes.
 
     `validate_selection` lets the caller reject its own configuration against the selection (a roles
-    file asking for more GPUs than selected, say) before anything is leased or killed.
+    file asking for more GPUs than selected, say) before anything is leased or killed. `held`: the GPUs a
+    restarted job already leases (`--restarts`): they are kept, not leased again, and never released here.
     """
-    return Preflight(opts, backend_factory, out if out is not None else sys.stderr, quiet, validate_selection).run()
+    out = out if out is not None else sys.stderr
+    return Preflight(opts, backend_factory, out, quiet, validate_selection, held).run()
 
 
 class Preflight:
@@ -74,8 +77,10 @@ class Preflight:
         out: TextIO,
         quiet: bool,
         validate_selection: Callable[[Selection], None] | None,
+        held: GpuLease | None = None,
     ) -> None:
         self.opts = opts
+        self.held = held
         self.out = out
         self.quiet = quiet
         self.backend_factory = backend_factory
@@ -149,7 +154,8 @@ class Preflight:
             if self.backend is not None:
                 self.backend.close()
             if self.lease is not None and self.exit_code != ExitCode.OK:
-                self.lease.release()
+                if self.lease is not self.held:  # a restarted job's lease stays with the job
+                    self.lease.release()
                 self.lease = None
         return self.report(state)
 
@@ -224,6 +230,8 @@ class Preflight:
         from podguard.preflight.leases import acquire_gpus
 
         assert self.selection is not None
+        if self.held is not None:
+            return self.held
         explicit = self.selection.source in ("GPU_LIST", "CUDA_VISIBLE_DEVICES")
         candidates = self.selection.gpus if explicit else select_gpus(self.inventory).gpus
         return acquire_gpus(
@@ -373,9 +381,8 @@ class Preflight:
             if gate is not None and gate.has(Finding.PHANTOM_MEMORY):
                 recs.append("phantom memory persists across container restarts: stop and start the pod")
         if self.exit_code == ExitCode.GPU_UNHEALTHY and gate is not None:
-            recs.append(
-                f"GPU(s) {_ids(gate.indices(Verdict.UNHEALTHY))} failed the health check: exclude them with GPU_LIST, "
-                "or stop and start the pod (`podguard pod heal`), or move to another machine"
+            recs.append(  # (the message above named the GPUs)
+                "exclude them with GPU_LIST, or stop and start the pod (`podguard pod heal`), or move to another machine"
             )
             if gate.has(Finding.DEGRADED):
                 recs.append(

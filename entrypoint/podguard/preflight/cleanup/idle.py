@@ -67,7 +67,7 @@ def poll_gpu(backend: GpuBackend, index: int, idle_bytes: int, mig: Sequence[str
         try:
             listed = backend.processes(index, mig=device) if device else backend.processes(index)
         except GpuQueryError as exc:
-            return GpuPoll(tuple(procs), None, f"{where}: {exc}", False, lost=exc.code == "GPU_IS_LOST")
+            return GpuPoll(tuple(procs), None, str(exc), False, lost=exc.code == "GPU_IS_LOST")  # (names the GPU)
         except (IndexError, RuntimeError, OSError) as exc:  # a backend failure must not crash the wait
             return GpuPoll(tuple(procs), None, f"{where}: NVML query failed: {exc}", False)
         used = backend.memory_used(index, mig=device) if device else backend.memory_used(index)
