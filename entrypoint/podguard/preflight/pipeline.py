@@ -382,7 +382,8 @@ class Preflight:
                 recs.append("phantom memory persists across container restarts: stop and start the pod")
         if self.exit_code == ExitCode.GPU_UNHEALTHY and gate is not None:
             recs.append(  # (the message above named the GPUs)
-                "exclude them with GPU_LIST, or stop and start the pod (`podguard pod heal`), or move to another machine"
+                "exclude them with GPU_LIST, or stop and start the pod (`podguard pod heal`), or move to another "
+                "machine"
             )
             if gate.has(Finding.DEGRADED):
                 recs.append(
