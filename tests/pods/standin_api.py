@@ -6,7 +6,8 @@ subset the `runpod` SDK sends, with scripted faults and a log of every request.
     api.requests                                # [Recorded(method, target, headers, body, at)]
 
 Faults: "html502" (a proxy's HTML page), "429" (problem+json, Retry-After), "500" (problem+json),
-"slow" (answer after `delay`), "drop" (close without answering), "lost" (do it, then drop the answer).
+"400"/"403" (a refusal as problem+json, nothing done), "slow" (answer after `delay`), "drop" (close without
+answering), "lost" (do it, then drop the answer).
 Log streams (SSE) backfill by `tail`/`since`/`Last-Event-ID`, then stay open with keep-alive comments.
 """
 
@@ -174,7 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        elif fault is not None and fault.kind in ("html502", "429", "500"):
+        elif fault is not None and fault.kind in ("html502", "429", "500", "400", "403"):
             self._fault_answer(fault)
             return
         if self.headers.get("Authorization") != f"Bearer {self.api.key}":
@@ -200,6 +201,10 @@ class _Handler(BaseHTTPRequestHandler):
                 "rate limit exceeded for the minute window",
                 headers={"Retry-After": fault.retry_after},
             )
+        elif fault.kind == "400":
+            self._problem(400, "Bad Request", "request could not be processed")
+        elif fault.kind == "403":
+            self._problem(403, "Forbidden", "access denied")
         else:
             self._problem(500, "Internal Server Error", "upstream failure")
 

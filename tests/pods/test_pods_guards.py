@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pods_support import A40_SPEC, PODGUARD, pg, standin, write_spec  # noqa: F401 (fixture)
+from pods_support import A40_SPEC, KEY, PODGUARD, pg, standin, write_spec  # noqa: F401 (fixture)
 
 from fakenvml import scenario as sc
 
@@ -176,6 +176,107 @@ def test_on_exit_idle_with_idle_stop_stops_the_pod_after_the_job(standin, pod, c
     assert actions(standin, pod.id) == ["stop"]
 
 
+# -- inside an Instant Cluster member -------------------------------------------------------------------------------
+
+A40_X8_CLUSTER_PER_HR = 4 * A40_X8_PER_HR  # 4 nodes of 8x A40: $14.08/hr
+
+
+@pytest.fixture
+def cluster(standin, cli_node):  # noqa: F811
+    """An Instant Cluster in the stand-in: 4 nodes of 8x A40 ($3.52/hr each, $14.08/hr in all), all RUNNING.
+    Its member pods answer 409 to a stop, as RunPod's do."""
+    world = standin.world
+    world.set_capacity("NVIDIA A40", 64)
+    body = {"name": "ring", "type": "TRAINING", "image": "img:1", "args": "run"}
+    record = world.create_cluster({**body, "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 8, "podCount": 4}})
+    wait_for(lambda: all(p.status == "RUNNING" for p in world.members(record)), "every node to run")
+    return record
+
+
+def member(standin, cluster, rank: int):  # noqa: F811
+    return next(p for p in standin.world.members(cluster) if p.rank == rank)
+
+
+def deleted_by_runpod(standin, cluster, proc: subprocess.Popen[str]) -> tuple[str, str]:  # noqa: F811
+    """Wait for the cluster's delete, then end the container's process as RunPod does (it terminates every node)."""
+    deletes = rf"^/v2/clusters/{cluster.id}$"
+    wait_for(lambda: standin.calls("DELETE", deletes) or proc.poll() is not None, "the cluster delete")
+    wait_for(lambda: cluster.id not in standin.world.clusters or proc.poll() is not None, "the cluster to go")
+    if proc.poll() is not None:
+        pytest.fail(f"podguard ended before RunPod ended it (exit {proc.returncode}):\n{proc.communicate()[1]}")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    return out, err
+
+
+def test_a_guard_on_a_cluster_node_deletes_the_cluster(standin, cluster, cli_node, tmp_path):  # noqa: F811
+    node2 = member(standin, cluster, 2)
+    job, pids_file = tree_job(tmp_path)
+    proc = start(cli_node, ["run", "--idle-stop", "1", "--grace", "1", "--", sys.executable, job], node2.id)
+    pids = job_pids(pids_file)
+    _, err = deleted_by_runpod(standin, cluster, proc)
+    assert not any(alive(p) for p in pids), "the job's tree must be gone"
+    said = [line for line in err.splitlines() if "billing guard --idle-stop" in line]
+    assert len(said) == 1, err
+    assert f"this pod ({node2.id}) is node2 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0]
+    assert "deleting the whole cluster, all its nodes (network volumes stay; billing ends)" in said[0]
+    assert standin.calls("POST", r"/action$") == []  # no stop asked of a member: RunPod would answer 409
+    assert len(standin.calls("DELETE", rf"^/v2/clusters/{cluster.id}$")) == 1
+    assert all(p.status == "TERMINATED" for p in standin.world.pods.values())
+
+
+def test_max_cost_on_a_cluster_node_counts_every_nodes_spend(standin, cluster, cli_node, tmp_path):  # noqa: F811
+    # every node has run for an hour less 8 s: the cluster has spent about $14.08 - 8 s of $14.08/hr, so a
+    # $14.08 limit trips a few seconds in (one node alone would take three more hours to get there)
+    for node in standin.world.members(cluster):
+        standin.world.backdate(node.id, 3600 - 8.0)
+    node1 = member(standin, cluster, 1)
+    job, pids_file = tree_job(tmp_path)
+    args = ["run", "--max-cost", f"{A40_X8_CLUSTER_PER_HR:.2f}", "--grace", "1", "--", sys.executable, job]
+    started = time.monotonic()
+    proc = start(cli_node, args, node1.id)
+    pids = job_pids(pids_file)
+    _, err = deleted_by_runpod(standin, cluster, proc)
+    assert time.monotonic() - started < 30
+    assert f"billing guards: --max-cost $14.08 (cluster {cluster.id} (4 nodes): about $14.0" in err
+    assert f"billing guard --max-cost: cluster {cluster.id} (4 nodes) has spent about $14.08 in 1h" in err
+    assert "since its first node's start at $14.08/hr (limit $14.08)" in err and not any(alive(p) for p in pids)
+    assert len(standin.calls("GET", rf"^/v2/clusters/{cluster.id}/pods$")) == 1  # every member's cost, read once
+    assert len(standin.calls("GET", rf"^/v2/pods/{node1.id}$")) == 2  # the budget, and the end
+
+
+def test_a_cluster_that_spent_its_budget_is_deleted_before_anything_runs(standin, cluster, cli_node):  # noqa: F811
+    for node in standin.world.members(cluster):
+        standin.world.backdate(node.id, 3600)  # $3.52 per node, $14.08 in all: over $5 only when summed
+    proc = start(
+        cli_node, ["run", "--max-cost", "5", "--", sys.executable, "-c", "print('ran')"], member(standin, cluster, 0).id
+    )
+    out, err = deleted_by_runpod(standin, cluster, proc)
+    assert "has spent about $14.08" in err and "ran" not in out and "PASS" not in err
+
+
+def test_a_lost_delete_answer_is_already_deleted(standin, cluster, cli_node):  # noqa: F811
+    standin.fault("DELETE", r"^/v2/clusters/", "lost")  # deleted, answer lost: the retry finds it gone (404)
+    args = ["run", "--max-runtime", "0.5", "--", sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = start(cli_node, args, member(standin, cluster, 3).id)
+    _, err = deleted_by_runpod(standin, cluster, proc)
+    assert "already deleted (another node's guard was first): the whole cluster" in err
+    assert len(standin.calls("DELETE", rf"^/v2/clusters/{cluster.id}$")) == 2
+
+
+def test_a_refused_cluster_delete_is_124_saying_how_to_end_it(standin, cluster, cli_node):  # noqa: F811
+    standin.fault("DELETE", r"^/v2/clusters/", "403")  # e.g. a key that may not delete clusters
+    args = ["run", "--max-runtime", "0.5", "--", sys.executable, "-c", "import time; time.sleep(60)"]
+    proc = start(cli_node, args, member(standin, cluster, 1).id)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124, err
+    assert f"warning: could not delete cluster {cluster.id}" in err and "HTTP 403" in err
+    assert f"the cluster is still billing: exiting 124; delete it by hand: podguard pod down {cluster.id}" in err
+    assert "Traceback" not in err and KEY not in out + err
+    assert standin.calls("POST", r"/action$") == [] and cluster.id in standin.world.clusters
+
+
 # -- outside a pod --------------------------------------------------------------------------------------------------
 
 
@@ -267,6 +368,46 @@ def test_limits_reach_the_create_body_as_guard_variables(standin, tmp_path):  # 
         "PODGUARD_MAX_RUNTIME": "86400",
         "PODGUARD_MAX_COST": "150",
     }
+
+
+CLUSTER_SPEC = """
+    name = "ring"
+    image = "registry.example/me/podguard:0.2"
+    args = "train --mode torchrun -- python train.py"
+
+    [gpu]
+    types = ["NVIDIA A40"]
+    count = 2
+
+    [cluster]
+    nodes = 3
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "noted"),
+    [
+        (LIMITS, True),
+        ('\n[limits]\nidle_stop = "off"\nmax_cost_usd = 0\n', False),
+        ('\n[env]\nPODGUARD_MAX_RUNTIME = "2h"\n', True),
+        ("", False),
+    ],
+    ids=["limits", "limits-off", "env", "none"],
+)
+def test_pod_up_of_a_cluster_with_limits_says_once_that_a_guard_deletes_it(standin, tmp_path, extra, noted):  # noqa: F811
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC + extra)
+    proc = pg(["pod", "up", "--spec", str(spec), "--json", "--no-wait"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["nodes"] == 3
+    note = (
+        "podguard: note: [limits] on a cluster: a billing guard that fires on any node deletes cluster ring (all 3 "
+        "nodes; member pods cannot be stopped and a cluster has no stop; network volumes stay), and --max-cost "
+        "counts every node's spend"
+    )
+    assert proc.stderr.count(note) == (1 if noted else 0), proc.stderr
+    assert proc.stderr.count("[limits] on a cluster") == (1 if noted else 0)
+    if noted:  # up front: before the cluster is created
+        assert proc.stderr.index(note) < proc.stderr.index("created cluster ring")
 
 
 @pytest.mark.parametrize(

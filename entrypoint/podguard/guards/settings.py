@@ -6,6 +6,7 @@ check_guards(settings)                                  # --max-cost outside a p
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ class GuardSettings:
             try:
                 interval = float(raw)
             except ValueError:
-                interval = -1.0
-            if not (0 < interval < float("inf")):
+                interval = math.nan  # (fails the check below, as nan and inf themselves do)
+            if not (0 < interval < math.inf):
                 raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds > 0, e.g. 10")
         return cls(
             getattr(opts, "idle_stop", None),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
-from podguard.guards.budget import PodBudget
+from podguard.guards.budget import Budget
 from podguard.guards.sampler import IdleTracker, UtilizationSampler
 from podguard.guards.settings import ENV_POD_ID, IDLE_UTILIZATION_PCT, GuardSettings
 
@@ -51,7 +51,7 @@ class Phase(StrEnum):
 
 
 class GuardWatch:
-    def __init__(self, settings: GuardSettings, budget: PodBudget | None, say: Callable[[str], None]) -> None:
+    def __init__(self, settings: GuardSettings, budget: Budget | None, say: Callable[[str], None]) -> None:
         self.settings = settings
         self.budget = budget
         self.say = say
@@ -144,10 +144,11 @@ class GuardWatch:
         limit, budget = self.settings.max_cost_usd, self.budget
         if limit is None or budget is None or budget.spent(now) + COST_SLACK_USD < limit:
             return None
+        since = "since its start" if budget.cluster_id is None else "since its first node's start"
         return Trip(
             "--max-cost",
-            f"pod {budget.pod_id} has spent about ${budget.spent(now):.2f} in {format_duration(budget.running_s(now))} "
-            f"since its start at ${budget.cost_per_hr:.2f}/hr (limit ${limit:.2f})",
+            f"{budget.what} has spent about ${budget.spent(now):.2f} in {format_duration(budget.running_s(now))} "
+            f"{since} at ${budget.cost_per_hr:.2f}/hr (limit ${limit:.2f})",
         )
 
     def _idle(self, now: float) -> Trip | None:
@@ -180,16 +181,18 @@ class GuardWatch:
 
     # -- how it is shown and run ----------------------------------------------------------------------------
     def describe(self) -> str:
+        """`billing guards: --idle-stop 30m, ...`: the guards that are on; "" when none is (no empty line)."""
         s = self.settings
         parts = []
         if s.idle_stop_s is not None and not (self.gpus_chosen and self._sampler is None):  # (CPU only: ignored)
             parts.append(f"--idle-stop {format_duration(s.idle_stop_s)}")
-        if s.max_runtime_s is not None:
+        if s.max_runtime_s is not None and self.phase is not Phase.AFTER:  # (the job's runtime is over)
             parts.append(f"--max-runtime {format_duration(s.max_runtime_s)}")
-        if s.max_cost_usd is not None:
-            spent = "" if self.budget is None else f" (about ${self.budget.spent(time.monotonic()):.2f} spent so far)"
-            parts.append(f"--max-cost ${s.max_cost_usd:.2f}{spent}")
-        return "billing guards: " + ", ".join(parts)
+        if s.max_cost_usd is not None and self.budget is not None:  # (no budget: off, said when it was read)
+            b = self.budget
+            spent = f"{b.what}: about ${b.spent(time.monotonic()):.2f} spent so far"
+            parts.append(f"--max-cost ${s.max_cost_usd:.2f} ({spent})")
+        return "billing guards: " + ", ".join(parts) if parts else ""
 
     def supervised(self) -> SupervisedGuards:
         return SupervisedGuards(self)

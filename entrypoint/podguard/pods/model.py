@@ -123,6 +123,8 @@ class Pod:
     interruptible: bool = False
     started_at: str | None = None
     created_at: str | None = None
+    cluster_id: str | None = None  # an Instant Cluster member: REST v2's `cluster {id, rank, ip}`
+    cluster_rank: int | None = None
 
     def uptime_s(self, now: float | None = None) -> float | None:
         """Seconds running since its last start: None unless RUNNING with a start time in the API."""

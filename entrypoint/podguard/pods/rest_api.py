@@ -222,6 +222,8 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
     gpu = d.get("gpu")
     cpu = d.get("cpu")
     runtime = d.get("runtime") or {}
+    cluster = d.get("cluster") if isinstance(d.get("cluster"), dict) else {}
+    rank = cluster.get("rank")
     ports = tuple(
         PortInfo(int(p["private"]), p.get("public"), str(p.get("type", "")), p.get("ip"))
         for p in runtime.get("ports") or []
@@ -246,6 +248,8 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
         cpu=CpuInfo(str(cpu["id"]), int(cpu.get("vcpuCount", 0))) if isinstance(cpu, dict) else None,
         started_at=d.get("startedAt"),
         created_at=d.get("createdAt"),
+        cluster_id=str(cluster["id"]) if cluster.get("id") else None,
+        cluster_rank=None if rank is None else int(rank),
     )
 
 

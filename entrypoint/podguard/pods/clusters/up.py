@@ -4,10 +4,12 @@
 
 An existing cluster of that name is reused (REST v2 has no start for a cluster: a cluster exists or it
 does not). Otherwise the spec's GPU types and data centres are tried in order for all nodes at once.
+A spec whose pods get a billing guard (`[limits]`) is told once, up front, that a guard deletes the cluster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podguard.errors import UsageError
@@ -20,7 +22,7 @@ from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning
 
-__all__ = ["ClusterUpResult", "cluster_up"]
+__all__ = ["ClusterUpResult", "cluster_up", "guards_on"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,33 @@ class ClusterUpResult:
     outcome: ClusterOutcome | None  # None with --no-wait
 
 
+def guards_on(env: Mapping[str, str]) -> list[str]:
+    """The billing guards the pods' environment turns on (from `[limits]` or `[env]`; `0`/`off` is off)."""
+    from podguard.pods.limits import LIMIT_KEYS
+
+    on = []
+    for variable, parse, _valid in LIMIT_KEYS.values():
+        if variable not in env:
+            continue
+        try:
+            if parse(env[variable], variable) is None:
+                continue
+        except UsageError:
+            pass  # a bad value set through [env]: the pod refuses it (64); it is still meant as a guard
+        on.append(variable)
+    return on
+
+
 def cluster_up(
     api: ClusterApi, spec: PodSpec, *, timeout_s: float, wait: bool, tuning: Tuning, progress: Progress
 ) -> ClusterUpResult:
     assert spec.cluster is not None
+    if guards_on(spec.env):
+        progress.say(
+            f"note: [limits] on a cluster: a billing guard that fires on any node deletes cluster {spec.name} "
+            f"(all {spec.cluster.nodes} nodes; member pods cannot be stopped and a cluster has no stop; network "
+            "volumes stay), and --max-cost counts every node's spend"
+        )
     existing = with_retry(lambda: clusters_named(api, spec.name), api.policy, what=f"look up cluster {spec.name}")
     if len(existing) > 1:
         ids = ", ".join(c.id for c in existing)
