@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 from urllib.request import Request, urlopen
 
 import pytest
-from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
+from pods_support import A40_SPEC, PODGUARD, pg, standin, write_spec  # noqa: F401 (fixture)
 
 from podguard.pods.spec import load_spec
 
@@ -265,6 +266,70 @@ def test_heal_where_members_refuse_actions_needs_replace_then_recreates_the_clus
         ("restart", "refused"),
         ("replace", "pass"),
     ]
+
+
+def heal_records(tmp_path: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((tmp_path / "state" / "heal").glob("*.json"))]
+
+
+def test_an_error_after_the_delete_says_the_cluster_is_gone_and_what_to_run(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    world.new_machine_health = ["ok", "broken"]
+    assert up(cluster_spec(tmp_path, 2)).returncode == 76
+    (old,) = world.clusters.values()
+    world.balance_ok = False  # the account runs dry: the delete goes through, the create is a 402
+    proc = pg(["pod", "heal", "ring", "--replace"])
+    assert proc.returncode == 77, proc.stderr
+    assert "HTTP 402" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"cluster ring ({old.id}) was deleted and no new one was created" in proc.stderr
+    assert "`podguard pod up --spec FILE` (the cluster's spec) recreates it" in proc.stderr
+    assert world.clusters == {}
+    (record,) = heal_records(tmp_path)
+    assert record["code"] == 77 and "was deleted" in record["message"]
+    assert [(s["step"], s["result"]) for s in record["steps"]] == [("restart", "refused"), ("replace", "error")]
+
+
+def test_an_interrupted_wait_after_the_recreate_names_the_new_cluster(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    world.new_machine_health = ["ok", "broken"]
+    assert up(cluster_spec(tmp_path, 2)).returncode == 76
+    (old,) = world.clusters.values()
+    world.script = lambda pod: []  # the new nodes never print a verdict: heal waits
+    proc = subprocess.Popen(
+        [*PODGUARD, "pod", "heal", "ring", "--replace"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    while len(creates(standin)) < 2 or len(standin.calls("GET", r"/logs$")) < 6:  # up 2, judge 2, the new 2
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    (new,) = world.clusters.values()
+    assert proc.returncode == 130, err
+    assert f"cluster ring ({old.id}) was deleted and {new.id} created in its place, but it was not judged" in err
+    assert "`podguard pod wait ring` follows it" in err and "Traceback" not in err
+    (record,) = heal_records(tmp_path)
+    assert record["code"] == 130 and record["steps"][-1]["step"] == "replace"
+
+
+@pytest.mark.parametrize("status", ["400", "403"])
+def test_member_actions_refused_with_400_or_403_are_refusals_not_failures(standin, tmp_path, status):  # noqa: F811
+    world = standin.world
+    world.script = lambda pod: UNHEALTHY if pod.rank == 1 else PASS
+    assert up(cluster_spec(tmp_path, 2)).returncode == 76
+    (cluster,) = world.clusters.values()
+    node1 = next(p for p in world.members(cluster) if p.rank == 1)
+    standin.fault("POST", r"/action$", status, times=3)
+    heal = pg(["pod", "heal", "ring"])
+    assert heal.returncode == 64, heal.stderr
+    assert f"RunPod refuses actions on the member nodes of cluster ring (HTTP {status})" in heal.stderr
+    assert "rerun with --replace" in heal.stderr and "Traceback" not in heal.stderr
+    (record,) = heal_records(tmp_path)
+    assert [(s["step"], s["result"]) for s in record["steps"]] == [("restart", "refused")]
+    stop = pg(["pod", "stop", node1.id])
+    assert stop.returncode == 64, stop.stderr
+    assert f"is node1 of cluster {cluster.id}: RunPod refused stop of a member node (HTTP {status})" in stop.stderr
+    assert len(stop.stderr.strip().splitlines()) == 1 and node1.status == "RUNNING"
 
 
 @pytest.mark.parametrize(

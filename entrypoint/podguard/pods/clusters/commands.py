@@ -130,20 +130,23 @@ def refuse_action(cluster: Cluster, action: PodAction) -> PodguardError:
 
 
 def act_on_member(client: PodApi, member: Member, action: PodAction) -> Any:
-    """An action on one node's pod: RunPod may allow it; a refusal (409) names the cluster's own commands."""
+    """An action on one node's pod: RunPod may allow it; a refusal (409, 400 or 403: `member_refused`) is one line
+    naming the cluster's own commands (64)."""
     from podguard.errors import UsageError
     from podguard.pods.actions import act_on
-    from podguard.pods.errors import ApiError, ApiErrorKind
+    from podguard.pods.clusters.rest import member_refused
+    from podguard.pods.errors import ApiError
 
     try:
         return act_on(client, member.pod, action)
     except (UsageError, ApiError) as exc:
-        if isinstance(exc, ApiError) and exc.kind is not ApiErrorKind.CONFLICT:
+        if isinstance(exc, ApiError) and not member_refused(exc):
             raise
         verb = "down" if action is PodAction.TERMINATE else str(action)
         cid = member.cluster_id or "?"
+        status = f" (HTTP {exc.status})" if isinstance(exc, ApiError) and exc.status else ""
         raise UsageError(
-            f"pod {member.pod.id} is {member.label} of cluster {cid}: RunPod refused {verb} of a member node; "
+            f"pod {member.pod.id} is {member.label} of cluster {cid}: RunPod refused {verb} of a member node{status}; "
             f"manage it through its cluster: `podguard pod heal {cid}` or `podguard pod down {cid}`"
         ) from None
 

@@ -5,23 +5,26 @@
 
 1. Judge: every node's verdict since its start (no fail-fast: all sick nodes are named).
 2. Restart the sick members (pod `restart`, or `start` for a stopped one). REST v2 may refuse actions on a
-   member (409): an expected answer that means only recreating the cluster can help.
+   member (409, 400 or 403: `rest.member_refused`): an expected answer that means only recreating can help.
 3. With `--replace`: delete the cluster and create one of the same shape (image, args, env, ports, disk,
    GPU type and count per node, node count, type) and the same name and network volume, in the volume's
    data centre. Delete first: a second cluster of the same name would break `pod up`'s idempotency, and a
    cluster-sized block of GPUs twice over in one data centre is rarely free. See docs/pods.md.
+   Whatever fails after the delete (no capacity, the API, the wait, Ctrl-C) ends the heal with a result, so the
+   record is written, and the message says that the old cluster is gone and what to run next.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 
-from podguard.errors import ExitCode
+from podguard.errors import ExitCode, PodguardError
 from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
 from podguard.pods.clusters.placement import create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
-from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.clusters.rest import ClusterApi, member_refused
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.heal import HealStep, StepRecord
 from podguard.pods.model import PodAction, PodStatus
@@ -65,6 +68,7 @@ class _Healer:
     def __init__(self, api: ClusterApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
         self.api, self.timeout_s, self.tuning, self.progress = api, timeout_s, tuning, progress
         self.steps: list[StepRecord] = []
+        self.refusal: ApiError | None = None  # how RunPod refused an action on a member
 
     def record(self, step: HealStep, result: str, detail: str, cluster: Cluster) -> None:
         self.steps.append(StepRecord(step, result, detail, cluster.id))
@@ -76,7 +80,7 @@ class _Healer:
         )
 
     def restart(self, outcome: ClusterOutcome, sick: list[int]) -> ClusterOutcome | None:
-        """Restart the sick members; None when the API refuses actions on members (409)."""
+        """Restart the sick members; None when the API refuses actions on members (`member_refused`)."""
         cluster = outcome.cluster
         targets = [m for m in outcome.members if m.rank in sick]
         self.progress.say(f"heal step 1: restart {', '.join(m.label for m in targets)} of cluster {cluster.name}")
@@ -86,8 +90,9 @@ class _Healer:
             try:
                 self.api.pods.act(member.pod.id, action)
             except ApiError as exc:
-                if exc.kind is not ApiErrorKind.CONFLICT:
+                if not member_refused(exc):
                     raise
+                self.refusal = exc
                 self.record(HealStep.RESTART, "refused", f"{member.label}: {exc.detail or exc.message}", cluster)
                 return None
         if not self._restarted(cluster.id, before):
@@ -111,23 +116,43 @@ class _Healer:
                 return False
             time.sleep(max(min(self.tuning.poll_s, deadline - time.monotonic()), 0.0))
 
-    def replace(self, outcome: ClusterOutcome) -> ClusterOutcome | ApiError:
+    def replace(self, outcome: ClusterOutcome) -> ClusterOutcome | tuple[int, str]:
+        """Delete the cluster, create it again and judge the new one; (exit code, message) when that fails."""
         old = outcome.cluster
         request = replacement_cluster(old, outcome.members)
         self.progress.say(
             f"heal step 2: recreate cluster {old.name} ({old.id}): delete it, then create {request.describe()}"
         )
-        self.api.delete_cluster(old.id)
+        try:
+            self.api.delete_cluster(old.id)
+        except ApiError as exc:
+            if exc.kind is not ApiErrorKind.NOT_FOUND:
+                self.record(HealStep.REPLACE, "error", f"delete: {exc.message}", old)
+                kept = f"cluster {old.name} ({old.id}) was not deleted; nothing was replaced"
+                return exc.code, f"{exc.message}\n  {kept}"
+        redo = "`podguard pod up --spec FILE` (the cluster's spec) recreates it"
+        new: Cluster | None = None
         try:
             new = create_cluster_first_fit(self.api, [request], say=self.progress.say, exclude={old.id})
-        except ApiError as exc:
-            if exc.kind not in (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED):
-                raise
-            self.record(HealStep.REPLACE, "no-capacity", exc.message, old)
-            return exc
-        judged = wait_cluster_ready(
-            self.api, new.id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress
-        )
+            judged = wait_cluster_ready(
+                self.api, new.id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress
+            )
+        except (PodguardError, KeyboardInterrupt) as exc:
+            code = exc.code if isinstance(exc, PodguardError) else 128 + signal.SIGINT
+            message = exc.message if isinstance(exc, PodguardError) else "interrupted"
+            capacity = isinstance(exc, ApiError) and exc.kind in (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED)
+            code = ExitCode.GPUS_MISSING if capacity and new is None else code
+            if new is None:
+                self.record(HealStep.REPLACE, "no-capacity" if capacity else "error", message, old)
+                when = " when capacity returns" if capacity else ""
+                gone = f"cluster {old.name} ({old.id}) was deleted and no new one was created: {redo}{when}"
+            else:
+                self.record(HealStep.REPLACE, "error", message, new)
+                gone = (
+                    f"cluster {old.name} ({old.id}) was deleted and {new.id} created in its place, but it was not "
+                    f"judged: `podguard pod wait {old.name}` follows it, `podguard pod down {old.name}` removes it"
+                )
+            return code, f"{message}\n  {gone}"
         self._judged(HealStep.REPLACE, judged)
         return judged
 
@@ -158,20 +183,18 @@ def cluster_heal(
     last = restarted or judged
     if not replace:
         if restarted is None:
+            status = f"HTTP {healer.refusal.status}" if healer.refusal and healer.refusal.status else "refused"
             message = (
-                f"RunPod refuses actions on the member nodes of cluster {cluster.name} (409): only recreating it "
-                f"can help; rerun with --replace (recreates all {cluster.nodes} nodes, keeping the name and network "
-                "volume)"
+                f"RunPod refuses actions on the member nodes of cluster {cluster.name} ({status}): only recreating "
+                f"it can help; rerun with --replace (recreates all {cluster.nodes} nodes, keeping the name and "
+                "network volume)"
             )
             return ClusterHealResult(ExitCode.USAGE, last.cluster, last.members, healer.steps, message, last.lines)
         return _result(healer, last, hint="rerun with --replace to recreate the cluster on other machines")
     replaced = healer.replace(last)
-    if isinstance(replaced, ApiError):
-        message = (
-            f"{replaced.message}\n  cluster {cluster.name} was deleted before the new one was asked for; "
-            "`podguard pod up --spec FILE` recreates it when capacity returns"
-        )
-        return ClusterHealResult(ExitCode.GPUS_MISSING, last.cluster, [], healer.steps, message)
+    if isinstance(replaced, tuple):
+        code, message = replaced
+        return ClusterHealResult(code, last.cluster, [], healer.steps, message)
     return _result(healer, replaced)
 
 

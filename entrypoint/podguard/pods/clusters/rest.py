@@ -5,8 +5,11 @@
     clusters.create_cluster(request)             # one attempt, never retried (placement.py looks a lost one up)
     clusters.delete_cluster(cid)
 
-REST v2 has no start/stop/restart for a cluster; member pods take pod actions only where the API allows
-(409 otherwise, which callers treat as an expected answer). Unknown fields in answers are ignored.
+REST v2 has no start/stop/restart for a cluster; member pods take pod actions only where the API allows.
+RunPod's spec says member pods "cannot be modified or deleted via the pod endpoints" without naming the
+status of that refusal (409 for a terminate; 409 or 400 for an action; a 403 is possible), so callers treat
+any of `member_refused()` as the expected answer "manage it through the cluster". Unknown answer fields are
+ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
-from podguard.pods.errors import ApiError
+from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.model import GpuInfo, Pod
 from podguard.pods.rest_api import RestApi, answer_field, mounts_body, parse_answer, pod_from_rest, too_large
 from podguard.pods.retry import RetryPolicy
@@ -28,6 +31,7 @@ __all__ = [
     "cluster_create_body",
     "cluster_from_rest",
     "member_from_rest",
+    "member_refused",
     "not_a_cluster_action",
 ]
 
@@ -133,6 +137,16 @@ def cluster_create_body(r: ClusterRequest) -> dict[str, Any]:
     if mounts:
         body["mounts"] = mounts
     return body
+
+
+# How RunPod may refuse an action on a member pod: 409 (not allowed), 400 (a rule; also "not enough free GPUs on
+# the host" for a start), 403 (not through the pod endpoints).
+MEMBER_REFUSALS = (ApiErrorKind.CONFLICT, ApiErrorKind.REJECTED, ApiErrorKind.NO_CAPACITY, ApiErrorKind.FORBIDDEN)
+
+
+def member_refused(exc: ApiError) -> bool:
+    """Whether an action on a member pod was refused (an expected answer), not a failure of the request."""
+    return exc.kind in MEMBER_REFUSALS
 
 
 def not_a_cluster_action(name: str, action: str) -> UsageError:
