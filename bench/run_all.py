@@ -17,6 +17,9 @@ BENCHES = [
     "bench_pods.py",
     "bench_clusters.py",
     "bench_image.py",
+    "bench_gpu_watch.py",
+    "bench_stacks.py",
+    "bench_watch.py",
 ]
 
 

@@ -34,10 +34,10 @@ SOURCE_DATE_EPOCH=315532800 $pip wheel -q --no-deps -w "$out/app" .
 key=$(printf '%s\n%s\n%s\n' "$(sha256sum pyproject.toml)" "$torch_spec" "$image_python-$arch" | sha256sum | cut -d' ' -f1)
 if [ "$torch_spec" = base ]; then
   deps="$out/deps-base"
-  extra=(pip)
+  extra=(pip py-spy==0.4.3)  # py-spy: the hang watch's stacks (launch/watch/stacks.py), ~8 MB, no dependencies
 else
   deps="$out/deps"
-  extra=("$torch_spec")
+  extra=("$torch_spec" py-spy==0.4.3)
 fi
 # Binary wheels for the image's Python and any glibc up to 2.35 (Ubuntu 22.04; Debian 12 has 2.36).
 platforms=()

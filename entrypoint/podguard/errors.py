@@ -17,6 +17,7 @@ class ExitCode(IntEnum):
     GPUS_MISSING = 69  # the GPUs that were required are not there
     GPUS_BUSY = 75  # still busy when the wait deadline passed (a retry may succeed)
     GPU_UNHEALTHY = 76  # hardware or driver problem: needs a pod restart or another machine
+    HUNG = 79  # no progress for --hang-timeout: the job was hung (evidence under the state dir)
     API_ACCESS = 77  # pod commands: API key missing or rejected, or the account may not do this (402/403)
     READY_TIMEOUT = 124  # roles: a role was not ready in time (coreutils `timeout`'s code)
     BILLING_GUARD = 124  # a billing guard (--idle-stop, --max-runtime, --max-cost) ended the job, outside a pod

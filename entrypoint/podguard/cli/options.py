@@ -20,6 +20,7 @@ __all__ = ["LAUNCH", "PREFLIGHT"]
 PREFLIGHT_PANEL = "Preflight"
 LAUNCH_PANEL = "Launch"
 GUARDS_PANEL = "Billing guards"
+RUN_PANEL = "During the run"
 
 PREFLIGHT = Group(
     PreflightOptions,
@@ -142,7 +143,8 @@ PREFLIGHT = Group(
         ),
         "slow_ratio": Param(
             ("--slow-ratio",),
-            "A probe metric below this fraction of the node's median (or below its model's floor) is a slow GPU.",
+            "A probe metric below this fraction of the median of the node's GPUs of its model is a slow GPU; 0 turns "
+            "this relative check off (the floors still apply).",
             ("PODGUARD_SLOW_RATIO",),
             type=str,
             parse=ratio("PODGUARD_SLOW_RATIO"),
@@ -306,6 +308,32 @@ LAUNCH = Group(
             metavar="USD",
             panel=GUARDS_PANEL,
         ),
+        # during the run (launch/watch/, docs/watch.md)
+        "hang_timeout": Param(
+            ("--hang-timeout",),
+            "No progress (an output line, a --progress match or a heartbeat) for this long = the job is hung: "
+            "its stacks and torch's flight recorder are kept, then it is ended (exit 79, or restarted). The clock "
+            f"starts at launch, so cover start-up ({DURATION_HELP}; default off).",
+            parse=lambda raw: parse_duration(raw, "--hang-timeout"),
+            metavar="DURATION",
+            panel=RUN_PANEL,
+        ),
+        "progress": Param(
+            ("--progress",),
+            "What counts as progress: a job output line matching this regular expression (default: any line).",
+            parse=lambda raw: _regex(raw, "--progress"),
+            metavar="REGEX",
+            panel=RUN_PANEL,
+        ),
+        "restarts": Param(
+            ("--restarts",),
+            "After a failure (a worker's crash, a hang, a GPU fault), relaunch up to N times, each after a fresh "
+            "preflight; 3 identical failures before any progress stop the restarts (default 0).",
+            type=str,
+            parse=whole("--restarts"),
+            metavar="N",
+            panel=RUN_PANEL,
+        ),
         "cluster_timeout_s": Param(
             ("--cluster-timeout",),
             "Multi-node: seconds every node waits for all nodes' preflight verdicts (the cluster gate) before "
@@ -326,6 +354,19 @@ LAUNCH = Group(
         ),
     },
 )
+
+
+def _regex(raw: Any, name: str) -> str | None:
+    """A regular expression that compiles (kept as text; the watch compiles it), or None when empty."""
+    import re
+
+    if raw is None or str(raw) == "":
+        return None
+    try:
+        re.compile(str(raw))
+    except re.error as exc:
+        raise UsageError(f"{name}={raw!r} is not a valid regular expression: {exc}") from None
+    return str(raw)
 
 
 def _positive_seconds(raw: Any, name: str) -> float:

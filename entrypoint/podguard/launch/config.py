@@ -60,6 +60,10 @@ class LaunchOptions:
     idle_stop: float | None = None
     max_runtime: float | None = None
     max_cost: float | None = None
+    # during the run (launch/watch/): seconds, a regular expression, relaunches
+    hang_timeout: float | None = None
+    progress: str | None = None
+    restarts: int = 0
     cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S  # multi-node: how long the cluster gate waits for all nodes
     cluster_port: int | None = None  # the cluster gate's store port (None: PRIMARY_PORT + 1)
 

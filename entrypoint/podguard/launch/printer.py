@@ -76,6 +76,7 @@ class Printer:
         self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None
         self._on_line = on_line
+        self._all_watchers: list[LineCallback] = []
         self.tail_lines = tail_lines
         self.streams: dict[str, Stream] = {}
         self._by_fd: dict[int, Stream] = {}
@@ -101,10 +102,17 @@ class Printer:
         )
         if self._on_line is not None:
             stream.watchers.append(self._on_line)
+        stream.watchers.extend(self._all_watchers)
         self.streams[name] = stream
         if fd is not None:
             self._by_fd[fd] = stream
         return stream
+
+    def watch_all(self, callback: LineCallback) -> None:
+        """Call `callback(name, line)` for each further line of every worker, present and future."""
+        self._all_watchers.append(callback)
+        for stream in self.streams.values():
+            stream.watchers.append(callback)
 
     def watch(self, name: str, callback: LineCallback) -> None:
         """Call `callback(name, line)` for each further line of worker `name`."""

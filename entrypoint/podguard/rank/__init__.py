@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from podguard.rank.lock import LockHold, serialized
     from podguard.rank.memlog import MemorySample, log_memory, sample_memory
     from podguard.rank.nanguard import NanGuard, NonFiniteError
+    from podguard.rank.progress import heartbeat
 
 # Loaded on first use, so that `python -m podguard.rank.wrap` (started once per torchrun rank) imports
 # only what it needs.
@@ -35,6 +36,7 @@ _HOMES = {
     "preset": "config", "RankContext": "init", "init_rank": "init", "read_dist_env": "init",
     "resolve_device_index": "init", "LockHold": "lock", "serialized": "lock", "MemorySample": "memlog",
     "log_memory": "memlog", "sample_memory": "memlog", "NanGuard": "nanguard", "NonFiniteError": "nanguard",
+    "heartbeat": "progress",
 }  # fmt: skip
 
 
@@ -56,6 +58,7 @@ __all__ = [
     "RankContext",
     "TrainConfig",
     "build_config",
+    "heartbeat",
     "init_rank",
     "load_config_file",
     "log_memory",

@@ -1,0 +1,268 @@
+"""One attempt of a job: a free port, the prepare-once step, the mode's workers under supervision and the watches.
+
+    result = run_attempt(cfg, opts, selection, base, key, extra_env, guards, attempt=0)
+    result.code, result.outcome, result.runtime.progress.progressed
+
+The attempt's workers get PODGUARD_RUN_DIR, PODGUARD_STATE_DIR, PODGUARD_RESTART_COUNT (0 on the first attempt),
+the heartbeat board and, with a hang timeout, torch's flight recorder settings. The run-time watch (hangs, GPU
+faults, stragglers: launch/watch/) and the billing guards watch from the supervisor's loop; the outcome is
+recorded for the restart guard (launch/lifecycle.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podguard.errors import UsageError
+from podguard.gpu.selected import Selection
+from podguard.launch.config import JobConfig, LaunchMode
+from podguard.launch.spec import JobOutcome
+from podguard.launch.watch.group import WatchGroup
+from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+from podguard.preflight.options import PreflightOptions
+
+if TYPE_CHECKING:
+    from podguard.guards import GuardWatch
+    from podguard.launch.supervisor import Watch
+
+__all__ = ["ENV_RESTART_COUNT", "AttemptResult", "run_attempt"]
+
+ENV_RESTART_COUNT = "PODGUARD_RESTART_COUNT"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    code: int
+    outcome: JobOutcome
+    record: Path | None  # the job's outcome record (the restart guard's file)
+    runtime: RuntimeWatch
+    duration_s: float
+    mode: LaunchMode
+    explained: str = ""  # what the watches added to the supervisor's account (a GPU fault as the root cause)
+
+
+def run_attempt(
+    cfg: JobConfig,
+    opts: PreflightOptions,
+    selection: Selection,
+    base: Path,
+    key: str,
+    extra_env: dict[str, str],
+    guards: GuardWatch | None,
+    *,
+    attempt: int,
+) -> AttemptResult:
+    """Port, prepare, the workers under supervision and watch, the outcome record."""
+    from podguard.launch import lifecycle
+
+    started, t0 = time.time(), time.monotonic()
+    run_dir = _run_dir(base)
+    env: dict[str, str] = {
+        **extra_env,
+        "PODGUARD_RUN_DIR": str(run_dir),
+        "PODGUARD_STATE_DIR": str(base),
+        ENV_RESTART_COUNT: str(attempt),
+    }
+    mode = _pick_mode(cfg, selection, say=attempt == 0)
+    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection), run_dir, say=_say)
+    env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
+    port_lease = None
+    try:
+        port = cfg.options.master_port
+        # single mode: a script that spawns its own ranks (mp.spawn, a shell loop) needs a port of its own
+        # too, unless the user's environment gives one
+        single_port = mode is LaunchMode.SINGLE and not os.environ.get("MASTER_PORT")
+        if (
+            single_port
+            or mode in (LaunchMode.PER_GPU, LaunchMode.ROLES)
+            or (mode is LaunchMode.TORCHRUN and port is not None and not cfg.multi_node)
+        ):
+            from podguard.launch.ports import allocate_master_port
+
+            port_lease = allocate_master_port(port, command=opts.extra.get("command_line"))
+            port = port_lease.port
+        if single_port and port is not None:
+            env["MASTER_PORT"] = str(port)
+            if not os.environ.get("MASTER_ADDR"):
+                env["MASTER_ADDR"] = cfg.options.master_addr or "127.0.0.1"
+        if cfg.prepare_argv is not None:
+            env.update(_prepare(cfg, base, env))
+        watches: list[Watch | None] = [runtime]
+        if guards is not None:
+            if attempt == 0:
+                guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
+                if description := guards.describe():
+                    _say(f"podguard: {description}")
+            watches.insert(0, guards.supervised())
+        told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
+        outcome = runtime.explain(told)
+        record = lifecycle.record_outcome(
+            outcome, key=key, argv=cfg.job_argv, mode=mode, started_at=started, state=base
+        )
+        _say(f"podguard: logs: {run_dir}")
+        explained = outcome.detail if outcome.detail != told.detail else ""
+        return AttemptResult(outcome.exit_code, outcome, record, runtime, time.monotonic() - t0, mode, explained)
+    finally:
+        if port_lease is not None:
+            port_lease.release()
+
+
+def _runtime_settings(cfg: JobConfig, opts: PreflightOptions, selection: Selection) -> RuntimeSettings:
+    o = cfg.options
+    return RuntimeSettings(
+        hang_timeout_s=o.hang_timeout,
+        progress=re.compile(o.progress) if o.progress else None,
+        slow_ratio=opts.slow_ratio,
+        gpus=tuple((g.index, g.uuid) for g in dict.fromkeys(selection.gpus)),
+        slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
+        python=_job_python(cfg.argv),
+    )
+
+
+def _job_python(argv: tuple[str, ...]) -> str | None:
+    """The interpreter a `python ...` command runs (its torch is the job's), or None: podguard's own."""
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return None
+    import shutil
+
+    return shutil.which(argv[0]) or argv[0]
+
+
+def _run_dir(base: Path) -> Path:
+    """`<state>/runs/<time>-<pid>`; a temp folder (with a warning) when the volume cannot take it (full)."""
+    from podguard.state import subdir
+
+    name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
+    try:
+        return subdir(subdir(base, "runs"), name)
+    except OSError as exc:
+        fallback = Path(tempfile.mkdtemp(prefix=f"podguard-run-{name}-"))
+        _say(f"podguard: warning: cannot create a run folder in {base / 'runs'} ({exc.strerror}); logs: {fallback}")
+        return fallback
+
+
+def _pick_mode(cfg: JobConfig, selection: Selection, *, say: bool = True) -> LaunchMode:
+    if cfg.mode is not LaunchMode.AUTO:
+        return cfg.mode
+    if cfg.multi_node:
+        if say:
+            _say(f"podguard: mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
+        return LaunchMode.TORCHRUN
+    from podguard.launch.modes import pick_mode
+
+    choice = pick_mode(cfg.argv, selection)
+    if say:
+        _say(f"podguard: {choice.reason}")
+    return LaunchMode(choice.mode)
+
+
+def _run_mode(
+    mode: LaunchMode,
+    cfg: JobConfig,
+    selection: Selection,
+    env: dict[str, str],
+    port: int | None,
+    run_dir: Path,
+    watch: Watch | None = None,
+) -> JobOutcome:
+    from podguard.launch import modes
+    from podguard.launch.run import run_job
+
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    only_gpu = cfg.options.only_gpu
+    only: set[str] | None = None
+    if mode is LaunchMode.ROLES:
+        from podguard.launch import roles  # the TOML parser and the threaded controller: roles mode only
+
+        assert cfg.options.job_file is not None and port is not None
+        plan = roles.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
+        if only_gpu is not None:
+            only = modes.only_for_gpu(plan.specs(), only_gpu)
+        return roles.run_roles(
+            plan, selection, master_port=port, log_dir=logs, grace_s=cfg.grace_s, only=only, watch=watch
+        )
+    if mode is LaunchMode.TORCHRUN:
+        return _run_torchrun(cfg, selection, env, port, run_dir, watch)
+    if mode is LaunchMode.SINGLE:
+        specs = [modes.single_spec(cfg.argv, selection, log_dir=logs, env=env)]
+    else:
+        assert port is not None
+        specs = modes.per_gpu_specs(
+            cfg.argv,
+            selection,
+            master_port=port,
+            master_addr=cfg.options.master_addr or "127.0.0.1",
+            prefix_format=cfg.options.prefix,
+            log_dir=logs,
+            nproc=cfg.options.cpu_workers,
+            env=env,
+        )
+        if only_gpu is not None:
+            only = modes.only_for_gpu(specs, only_gpu)
+    return run_job(specs, grace_s=cfg.grace_s, only=only, watch=watch)
+
+
+def _run_torchrun(
+    cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path, watch: Watch | None
+) -> JobOutcome:
+    from podguard.launch.run import run_job
+    from podguard.launch.summary import format_summary
+    from podguard.launch.torchrun.command import build_torchrun_spec
+    from podguard.launch.torchrun.failure import explain_torchrun_failure
+
+    opts = cfg.options
+    errors = run_dir / "torchrun"
+    spec = build_torchrun_spec(
+        list(cfg.argv),
+        selection,
+        nnodes=opts.nnodes,
+        node_rank=opts.node_rank,
+        master_addr=opts.master_addr,
+        master_port=port,
+        max_restarts=opts.max_restarts,
+        error_dir=errors,
+        log_dir=run_dir / "logs",
+        extra_env=env,
+        nproc=opts.cpu_workers,
+        only_local_ranks=None if opts.only_gpu is None else _local_ranks_of(selection, opts.only_gpu),
+        shutdown_timeout_s=max(cfg.grace_s - 1.0, 1.0),
+        rdzv_backend=opts.rdzv_backend,
+    )
+    outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False, watch=watch), errors)
+    for line in format_summary(outcome).splitlines():  # `podguard: `-prefixed, as the other modes' summaries
+        _say(f"podguard: {line}")
+    return outcome
+
+
+def _local_ranks_of(selection: Selection, gpu: int) -> list[int]:
+    ranks = [pos for pos, g in enumerate(selection.gpus) if g.index == gpu]
+    if selection.gpus and not ranks:
+        raise UsageError(f"--only-gpu={gpu}: GPU {gpu} is not selected; selected: {list(selection.indices)}")
+    return ranks or [gpu]
+
+
+def _prepare(cfg: JobConfig, base: Path, env: dict[str, str]) -> dict[str, str]:
+    from podguard.launch.prepare import prepare_once
+
+    assert cfg.prepare_argv is not None
+    result = prepare_once(
+        list(cfg.prepare_argv),
+        cache_root=base / "prepare",
+        key_parts=cfg.cache_key,
+        env={**os.environ, **env},
+        shared_storage=cfg.options.prepare_shared,
+        node_rank=cfg.options.node_rank,
+    )
+    return {"PODGUARD_PREPARE_DIR": str(result.path)}
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,349 @@
+"""The lifecycle of one `podguard train|run`: attempt -> preflight -> launch -> watch -> outcome -> restart or end.
+
+    code = run_job_flow(cfg, preflight_opts)
+
+1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (launch/lifecycle.py);
+   a budget already spent ends it here (guards/);
+2. each attempt: a fresh preflight (cleanup, selection, the gate; the GPUs stay leased from the first attempt
+   on), on a multi-node run the cluster gate (all nodes launch or none: job/cluster.py), then the workers under
+   supervision, the billing guards and the run-time watch (job/attempt.py);
+3. the outcome: success, a signal or a tripped guard end the job; a crash, a hang (79) or a GPU fault (76) is
+   relaunched while `--restarts` allow and no crash loop is seen (job/restarts.py), after an announced pause;
+4. the END line (job/final.py), then `--on-exit` (or, when a guard ended the job, stop this pod / 124).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.gpu.selected import Selection
+from podguard.job.attempt import AttemptResult, run_attempt
+from podguard.job.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
+from podguard.job.final import end_line, restart_line
+from podguard.job.restarts import Failure, RestartPolicy, made_progress
+from podguard.launch.config import JobConfig, LaunchMode, OnExit
+from podguard.preflight.options import PreflightOptions
+from podguard.preflight.pipeline import PreflightResult, run_preflight
+from podguard.redact import redact_command
+
+if TYPE_CHECKING:
+    from podguard.guards import GuardWatch
+    from podguard.launch.lifecycle import LaunchDecision
+    from podguard.pods.selfheal import SelfHealConfig
+    from podguard.preflight.leases import GpuLease
+
+__all__ = ["check_restarts", "guarded", "run_job_flow"]
+
+
+def guarded(cfg: JobConfig) -> bool:
+    o = cfg.options
+    return any(v is not None for v in (o.idle_stop, o.max_runtime, o.max_cost))
+
+
+def check_restarts(cfg: JobConfig) -> None:
+    """`--restarts` relaunches this node's job: a multi-node run restarts through torchrun instead (64)."""
+    if cfg.options.restarts and cfg.multi_node:
+        raise UsageError(
+            f"--restarts={cfg.options.restarts} relaunches one node's job; on a multi-node run use --max-restarts "
+            "(torchrun restarts the worker group on every node together)"
+        )
+
+
+def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
+    """Run the whole lifecycle and return the process exit code (see the module docstring)."""
+    from podguard.state import state_dir
+
+    base = state_dir(opts.state_dir)
+    heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
+    guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+    try:
+        return Conductor(cfg, opts, base, heal, guards).run()
+    finally:
+        if guards is not None:
+            guards.close()
+
+
+@dataclass
+class Ending:
+    """How the job ended, before `--on-exit`: the END line's kind and code, the record to point at."""
+
+    kind: str
+    code: int
+    detail: str
+    record: Path | None = None
+
+
+class Conductor:
+    """One job's lifecycle; `run()` is the loop of the module docstring."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        opts: PreflightOptions,
+        base: Path,
+        heal: SelfHealConfig | None,
+        guards: GuardWatch | None,
+    ) -> None:
+        from podguard.launch import lifecycle
+
+        self.cfg = cfg
+        self.base = base
+        self.heal = heal
+        self.guards = guards
+        self.opts = replace(
+            opts,
+            lease=True,
+            extra={**opts.extra, "command_line": f"podguard {opts.command} -- {redact_command(cfg.argv)}"},
+        )
+        self.command = opts.command
+        self.key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
+        self.policy = RestartPolicy(cfg.options.restarts)
+        self.lease: GpuLease | None = None
+        self.attempts = 0
+        self.record: Callable[..., Path | None] | None = None
+
+    # -- the lifecycle ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        early = self.restart_guard()
+        if early is not None:
+            return early
+        try:
+            return self.attempts_until_the_end()
+        except PodguardError as exc:  # a bad command, a failed prepare step, a port conflict: it counts too
+            self._record_start(exc.code, exc.message, type(exc).__name__)
+            raise
+        finally:
+            if self.lease is not None:
+                self.lease.release()
+
+    def attempts_until_the_end(self) -> int:
+        gate = cluster_gate_settings(self.cfg)  # multi-node: bad values are 64 before anything is leased or stopped
+        socket_env, notes = worker_socket_env()  # NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR
+        for attempt in itertools.count():
+            self.attempts = attempt + 1
+            pre = self.preflight(attempt)
+            passed = pass_cluster_gate(gate, pre, notes, self.base) if gate is not None else None  # every node
+            if pre.exit_code != ExitCode.OK:
+                return self.preflight_failed(pre)
+            _self_heal(self.heal, ExitCode.OK, self.base, pre.report_path)  # a pass resets the failure count
+            if passed is not None and not passed.launch:  # another node failed or did not come: nobody launches
+                detail = passed.detail or "cluster gate"
+                stopped = self._record_start(passed.code, detail, "cluster gate")
+                return self.end(Ending("preflight", passed.code, detail, stopped))
+            if passed is None and attempt == 0:
+                _say_all(notes)
+            assert pre.selection is not None
+            result = run_attempt(
+                self.cfg, self.opts, pre.selection, self.base, self.key, socket_env, self.guards, attempt=attempt
+            )
+            failure = self.failure_of(result)
+            if failure is None:
+                return self.end(self.ending_of(result))
+            decision = self.policy.after(failure)
+            if not decision.restart:
+                if self.cfg.options.restarts:
+                    _say(f"podguard: not restarting: {decision.reason}")
+                return self.end(self.ending_of(result, failure))
+            got = self.pause(attempt + 1, decision.delay_s, failure)
+            if got is not None:
+                return self.end(Ending("signal", signal_exit_code(got), "a signal during the restart pause"))
+        raise AssertionError("unreachable")
+
+    def restart_guard(self) -> int | None:
+        """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
+        from podguard.launch import lifecycle
+
+        decision = lifecycle.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
+        if decision.delay_s > 0:
+            got = lifecycle.backoff_wait(decision, out=sys.stderr)
+            if got is not None:
+                return signal_exit_code(got)
+        if self.guards is not None and (trip := self.guards.check(time.monotonic())) is not None:
+            from podguard.guards.end import end_after_trip
+
+            return end_after_trip(trip)
+        # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
+        # the clock starts after the pause, or long pauses would make quick crashes look slow
+        self.record = partial(
+            lifecycle.record_run,
+            key=self.key,
+            argv=self.cfg.job_argv,
+            mode=self.cfg.mode,
+            started_at=time.time(),
+            state=self.base,
+        )
+        if decision.action is lifecycle.LaunchAction.SKIP:
+            return self.skip(decision)
+        return None
+
+    def skip(self, decision: LaunchDecision) -> int:
+        from podguard.launch import lifecycle
+
+        assert self.record is not None
+        if not decision.delay_s:
+            _say(f"podguard: {decision.reason}")
+        skipped = self.record(exit_code=ExitCode.OK, kind=lifecycle.RunKind.SKIP)
+        self.attempts = 0
+        return self.end(Ending("success", ExitCode.OK, "finished before (not run again)", skipped or decision.record))
+
+    def preflight(self, attempt: int) -> PreflightResult:
+        """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
+        if attempt:
+            _say(f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch")
+        pre = run_preflight(self.opts, validate_selection=_selection_check(self.cfg), held=self.lease)
+        if pre.lease is not None:
+            self.lease = pre.lease
+        return pre
+
+    def preflight_failed(self, pre: PreflightResult) -> int:
+        failed = self._record_start(pre.exit_code, pre.message, "preflight")
+        healed = _self_heal(self.heal, pre.exit_code, self.base, pre.report_path)  # may restart/replace/park the pod
+        if healed != pre.exit_code:
+            return healed
+        return self.end(Ending("preflight", pre.exit_code, "", failed))  # its summary said why
+
+    def failure_of(self, result: AttemptResult) -> Failure | None:
+        """What a relaunch would answer, or None when the attempt ended the job (success, signal, guard)."""
+        outcome, watch = result.outcome, result.runtime
+        if result.code == ExitCode.OK or outcome.signal is not None:
+            return None
+        if self.guards is not None and self.guards.tripped is not None:
+            return None
+        progress = watch.progress
+        progressed = made_progress(
+            matched=progress.matched,
+            beating=progress.beating,
+            watched=progress.pattern is not None or progress.beating,
+            duration_s=result.duration_s,
+        )
+        if watch.hang is not None and result.code == ExitCode.HUNG:
+            what = f"ranks {','.join(map(str, watch.hang.ranks))}" if watch.hang.ranks else "no progress"
+            return Failure(result.code, "hang", what, progressed)
+        fatal = [f for f in watch.faults if f.fatal]
+        if fatal and result.code == ExitCode.GPU_UNHEALTHY:
+            first = fatal[0]
+            what = f"GPU {first.index} " + (f"Xid {first.xid}" if first.xid is not None else first.kind)
+            return Failure(result.code, "gpu_fault", what, progressed)
+        return Failure(result.code, "crash", "", progressed)  # the exit code tells one crash from another
+
+    def pause(self, number: int, delay_s: float, failure: Failure) -> int | None:
+        """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
+        from podguard.pause import next_signal, signals_held
+
+        _say(restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code))
+        with signals_held() as watched:
+            got = next_signal(watched, delay_s)
+        if got is not None:
+            import signal
+
+            _say(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
+        return got
+
+    def ending_of(self, result: AttemptResult, failure: Failure | None = None) -> Ending:
+        outcome = result.outcome
+        if self.guards is not None and self.guards.tripped is not None:
+            trip = self.guards.tripped  # (its own line, next, says why and what it does about the pod)
+            return Ending("guard", ExitCode.BILLING_GUARD, trip.guard, result.record)
+        if outcome.signal is not None:
+            kind = "signal"
+        elif result.code == ExitCode.OK:
+            kind = "success"
+        elif failure is not None and failure.kind == "hang":
+            kind = "hung"
+        elif failure is not None and failure.kind == "gpu_fault":
+            kind = "gpu-fault"
+        else:
+            kind = "failed"
+        return Ending(kind, result.code, result.explained, result.record)  # the summary said the rest already
+
+    def end(self, ending: Ending) -> int:
+        """The END line, then what comes after the job: a guard stops the pod (or 124), else `--on-exit`."""
+        _say(end_line(self.command, ending.kind, ending.code, self.attempts, ending.detail))
+        if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
+            from podguard.guards.end import end_after_trip
+
+            return end_after_trip(self.guards.tripped)
+        return _after(self.cfg, ending.code, ending.record, self.guards)
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _record_start(self, code: int, detail: str, root_cause: str) -> Path | None:
+        from podguard.launch import lifecycle
+
+        if self.record is None:
+            return None
+        return self.record(exit_code=code, kind=lifecycle.RunKind.START, detail=detail, root_cause=root_cause)
+
+
+def _open_guards(cfg: JobConfig) -> GuardWatch | None:
+    if not guarded(cfg):
+        return None
+    from podguard.guards import GuardSettings, open_guards
+
+    return open_guards(GuardSettings.from_options(cfg.options), lambda text: _say(f"podguard: {text}"))
+
+
+def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
+    """Checks that need the selection (the roles GPU split); the preflight runs them before any lease or kill."""
+
+    def check(selection: Selection) -> None:
+        if cfg.mode is LaunchMode.ROLES:
+            from podguard.launch.roles import load_roles
+
+            assert cfg.options.job_file is not None
+            load_roles(cfg.options.job_file, selection, master_port=cfg.options.master_port or 29500)
+
+    return check
+
+
+def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
+    if cfg.options.on_exit is OnExit.IDLE:
+        if guards is not None and guards.settings.after_job:  # --idle-stop / --max-cost keep watching
+            from podguard.guards.end import idle_guarded
+
+            if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
+                guards.watch_gpus(None)
+            return idle_guarded(code, record, guards, out=sys.stderr)
+        from podguard.launch.lifecycle import idle
+
+        return idle(code, record, out=sys.stderr)
+    if cfg.options.on_exit is OnExit.STOP_POD:
+        from podguard.pods.selfheal import stop_own_pod
+
+        return stop_own_pod(code)
+    return code
+
+
+def _self_heal_config() -> SelfHealConfig | None:
+    """The in-pod self-heal settings, or None when none of its variables is set (nothing imported)."""
+    if not any(os.environ.get(v) for v in ("PODGUARD_SELF_HEAL", "PODGUARD_SELF_HEAL_AFTER", "PODGUARD_PARK")):
+        return None
+    from podguard.pods.selfheal import SelfHealConfig
+
+    return SelfHealConfig.from_env()
+
+
+def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path | None) -> int:
+    """Count the preflight's result for self-heal (pods/selfheal.py); the code to exit with."""
+    if heal is None:
+        return code
+    from podguard.pods.selfheal import after_preflight
+
+    return after_preflight(code, heal, state=base, report=report)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _say_all(lines: list[str]) -> None:
+    for line in lines:
+        _say(f"podguard: {line}")

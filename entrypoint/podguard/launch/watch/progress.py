@@ -1,0 +1,115 @@
+"""Progress and hangs: when did the job (and each rank that sends heartbeats) last move forward?
+
+    watch = ProgressWatch(timeout_s=1800, pattern=re.compile(r"step \\d+"), started_at=time.monotonic())
+    watch.line("GPU0", "step 41 loss 2.3", now)      # an output line of a worker (podguard's own lines never come here)
+    watch.beats(read_board(path), now)               # the heartbeat slots (podguard.rank.heartbeat)
+    hang = watch.check(now)                          # Hang(...) or None
+
+Rules (PRODUCT.md "During the run"): progress is an output line of the job's processes matching `pattern`
+(default: any line), or a heartbeat. The job is hung when nothing made progress for `timeout_s` (the clock starts
+at launch: it must cover start-up). A rank that has sent a heartbeat is hung when its own heartbeats stop for
+`timeout_s`, whatever the other ranks print. Pure: the caller passes the time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from podguard.durations import format_duration
+from podguard.rank.progress import Beat
+
+__all__ = ["Hang", "ProgressWatch"]
+
+LINE_SHOWN = 80  # characters of the last progress line quoted in the hang message
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A hung job (`ranks` empty) or hung ranks (their heartbeat slots)."""
+
+    silent_s: float  # how long nothing (or the ranks' heartbeats) moved
+    last: str  # the last progress, for a person: "heartbeat of rank 1 (step 41)", "GPU0: 'step 41 ...'"
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def text(self) -> str:
+        who = f"rank(s) {', '.join(map(str, self.ranks))}: no heartbeat" if self.ranks else "no progress"
+        return f"{who} for {format_duration(self.silent_s)} (last progress: {self.last})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"silent_s": round(self.silent_s, 3), "last": self.last, "ranks": list(self.ranks), "text": self.text}
+
+
+class ProgressWatch:
+    """See the module docstring. `timeout_s` None: progress is only counted (crash-loop rule), never judged."""
+
+    def __init__(self, timeout_s: float | None, pattern: re.Pattern[str] | None, started_at: float) -> None:
+        self.timeout_s = timeout_s
+        self.pattern = pattern
+        self.started_at = started_at
+        self.last_at = started_at
+        self.last_what = "none since launch"
+        self.rank_last: dict[int, tuple[float, int | None]] = {}  # slot -> (time of its newest beat, step)
+        self._counts: dict[int, int] = {}
+        self.matched = False  # a --progress line matched (or, without a pattern: nothing to match)
+        self.beating = False  # some rank sent a heartbeat
+
+    @property
+    def progressed(self) -> bool:
+        """The attempt made measurable progress: a --progress match or a heartbeat (the crash-loop rule)."""
+        return self.matched or self.beating
+
+    def line(self, worker: str, line: str, now: float) -> None:
+        if self.pattern is not None:
+            if not self.pattern.search(line):
+                return
+            self.matched = True
+        self.last_at = now
+        shown = line.strip()
+        self.last_what = f"{worker}: {shown[:LINE_SHOWN]!r}" + ("..." if len(shown) > LINE_SHOWN else "")
+
+    def beats(self, board: Mapping[int, Beat], now: float) -> list[int]:
+        """Take the newest heartbeats; returns the slots that moved since the last call."""
+        moved = []
+        for slot, beat in board.items():
+            if beat.count == self._counts.get(slot):
+                continue
+            self._counts[slot] = beat.count
+            at = min(beat.at, now)  # a beat cannot be in the future (clock read before the write)
+            self.rank_last[slot] = (at, beat.step)
+            moved.append(slot)
+            if at >= self.last_at:
+                self.last_at = at
+                step = f" (step {beat.step})" if beat.step is not None else ""
+                self.last_what = f"heartbeat of rank {slot}{step}"
+        self.beating = self.beating or bool(moved)
+        return moved
+
+    def check(self, now: float) -> Hang | None:
+        """A Hang when the job, or a rank that sends heartbeats, made no progress for `timeout_s`."""
+        if self.timeout_s is None:
+            return None
+        silent = now - self.last_at
+        if silent >= self.timeout_s:
+            return Hang(silent, self._ago(self.last_what, self.last_at, now))
+        stuck = sorted(slot for slot, (at, _) in self.rank_last.items() if now - at >= self.timeout_s)
+        if stuck:
+            oldest = min(self.rank_last[s][0] for s in stuck)
+            at, step = self.rank_last[stuck[0]]
+            last = f"heartbeat of rank {stuck[0]}" + (f" (step {step})" if step is not None else "")
+            return Hang(now - oldest, self._ago(last, at, now), tuple(stuck))
+        return None
+
+    def next_due(self, now: float) -> float | None:
+        """When `check` can next find a hang (None: never)."""
+        if self.timeout_s is None:
+            return None
+        times = [self.last_at, *(at for at, _ in self.rank_last.values())]
+        return max(now, min(times) + self.timeout_s)
+
+    def _ago(self, what: str, at: float, now: float) -> str:
+        if at <= self.started_at and what.startswith("none"):
+            return f"none since launch {format_duration(now - self.started_at)} ago"
+        return f"{what}, {format_duration(now - at)} ago"

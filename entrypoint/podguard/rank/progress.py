@@ -1,0 +1,110 @@
+"""Per-rank progress for podguard's hang watch: `heartbeat(step)` from the training loop.
+
+    from podguard.rank import heartbeat
+    for step, batch in enumerate(loader):
+        ...
+        heartbeat(step)          # a memory store: no system call, about a microsecond
+
+Under `podguard train|run` the supervisor gives each worker a small shared file (PODGUARD_HEARTBEAT_FILE) with
+one slot per local rank; `heartbeat()` writes its count, the step and the monotonic time into this process's
+slot through an mmap, and the supervisor reads the slots on its own loop (launch/watch/progress.py). Outside
+podguard (no variable) it does nothing. The slot is PODGUARD_HEARTBEAT_SLOT, else LOCAL_RANK, else 0. A rank
+that has sent a heartbeat is hung when its own heartbeats stop for `--hang-timeout`; with steps, podguard also
+knows each rank's step rate (stragglers). Standard library only; never raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ENV_FILE", "ENV_SLOT", "Beat", "create_board", "heartbeat", "read_board"]
+
+ENV_FILE = "PODGUARD_HEARTBEAT_FILE"
+ENV_SLOT = "PODGUARD_HEARTBEAT_SLOT"
+MAGIC = b"PGHB0001"
+HEADER = struct.Struct("<8sI")  # magic, slot count
+SLOT = struct.Struct("<QqdI")  # count, step (-1: none), time.monotonic() of the beat, pid
+SLOT_SIZE = 32
+FIRST_SLOT = 64  # the header's cache line, then one 32-byte slot per rank
+
+_NO_BOARD = object()
+_board: object | tuple[mmap.mmap, int] | None = None  # None: not opened yet; _NO_BOARD: none for this process
+_count = 0
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The newest heartbeat of one slot."""
+
+    slot: int
+    count: int  # heartbeats sent so far
+    step: int | None
+    at: float  # time.monotonic() of the beat (CLOCK_MONOTONIC is system-wide: comparable across processes)
+    pid: int
+
+
+def create_board(path: Path, slots: int) -> Path:
+    """A zeroed board of `slots` slots (the supervisor makes it before the workers start)."""
+    data = bytearray(FIRST_SLOT + SLOT_SIZE * max(1, slots))
+    HEADER.pack_into(data, 0, MAGIC, max(1, slots))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def read_board(path: Path) -> dict[int, Beat]:
+    """Every slot that has had a heartbeat (the supervisor's side; one read of a small file)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return {}
+    if len(data) < FIRST_SLOT or data[:8] != MAGIC:
+        return {}
+    _, slots = HEADER.unpack_from(data, 0)
+    out: dict[int, Beat] = {}
+    for slot in range(min(slots, (len(data) - FIRST_SLOT) // SLOT_SIZE)):
+        count, step, at, pid = SLOT.unpack_from(data, FIRST_SLOT + slot * SLOT_SIZE)
+        if count:
+            out[slot] = Beat(slot, count, None if step < 0 else step, at, pid)
+    return out
+
+
+def _open() -> object | tuple[mmap.mmap, int]:
+    path = os.environ.get(ENV_FILE)
+    if not path:
+        return _NO_BOARD
+    raw = os.environ.get(ENV_SLOT) or os.environ.get("LOCAL_RANK") or "0"
+    try:
+        slot = int(raw)
+        with open(path, "r+b") as fh:
+            mm = mmap.mmap(fh.fileno(), 0)
+        magic, slots = HEADER.unpack_from(mm, 0)
+    except (OSError, ValueError, struct.error):
+        return _NO_BOARD
+    if magic != MAGIC or not 0 <= slot < slots:
+        mm.close()
+        return _NO_BOARD
+    return mm, FIRST_SLOT + slot * SLOT_SIZE
+
+
+def heartbeat(step: int | None = None) -> None:
+    """Tell podguard this rank made progress (optionally: which step). Cheap; a no-op outside podguard."""
+    global _board, _count
+    board = _board
+    if board is None:
+        board = _board = _open()
+    if board is _NO_BOARD:
+        return
+    mm, offset = board  # type: ignore[misc]
+    _count += 1
+    value = -1 if step is None else int(step)
+    SLOT.pack_into(mm, offset, _count, value, time.monotonic(), os.getpid())
+
+
+def _reset_for_tests() -> None:
+    global _board, _count
+    _board, _count = None, 0

@@ -1,0 +1,224 @@
+"""Progress and hangs (launch/watch/progress.py), stragglers (stragglers.py) and heartbeats (rank/progress.py):
+the rules on their own, with the time passed in."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import timeit
+from pathlib import Path
+
+import pytest
+
+from podguard.launch.watch.progress import ProgressWatch
+from podguard.launch.watch.stragglers import PERSIST, StepRates
+from podguard.rank import progress as hb
+from podguard.rank.progress import Beat, create_board, read_board
+
+
+def beat(slot: int, count: int, at: float, step: int | None = None) -> dict[int, Beat]:
+    return {slot: Beat(slot, count, step, at, 100 + slot)}
+
+
+# --- progress and hangs -----------------------------------------------------------------------------------
+
+
+def test_no_output_at_all_is_a_hang_counted_from_the_launch():
+    watch = ProgressWatch(30.0, None, started_at=100.0)
+    assert watch.check(129.9) is None
+    hang = watch.check(130.0)
+    assert hang is not None and hang.ranks == () and hang.silent_s == 30.0
+    assert hang.text == "no progress for 30s (last progress: none since launch 30s ago)"
+
+
+def test_any_line_is_progress_by_default_and_moves_the_clock():
+    watch = ProgressWatch(30.0, None, started_at=100.0)
+    watch.line("GPU1", "  epoch 3 loss 1.25 ", 125.0)
+    assert watch.check(150.0) is None
+    hang = watch.check(155.0)
+    assert hang is not None and hang.last == "GPU1: 'epoch 3 loss 1.25', 30s ago"
+    assert not watch.progressed  # no pattern matched, no heartbeat: nothing measurable for the crash-loop rule
+
+
+def test_with_a_pattern_only_matching_lines_count_and_noise_is_ignored():
+    watch = ProgressWatch(10.0, re.compile(r"step \d+"), started_at=0.0)
+    watch.line("GPU0", "step 1 loss 3.2", 1.0)
+    for t in range(2, 30):
+        watch.line("GPU0", "WARNING: some library warning", float(t))  # noise, every second
+    hang = watch.check(11.0)
+    assert hang is not None and "step 1 loss 3.2" in hang.last and watch.progressed
+
+
+def test_a_long_line_is_cut_in_the_message():
+    watch = ProgressWatch(5.0, None, started_at=0.0)
+    watch.line("rank0", "x" * 500, 1.0)
+    assert watch.check(6.0).last == f"rank0: {'x' * 80!r}..., 5s ago"
+
+
+def test_a_rank_whose_heartbeats_stop_is_hung_while_another_keeps_printing():
+    watch = ProgressWatch(20.0, None, started_at=0.0)
+    watch.beats({**beat(0, 1, 1.0, 1), **beat(1, 1, 1.0, 1)}, 1.0)
+    for t in range(2, 40):
+        watch.line("GPU0", f"rank 0 still printing {t}", float(t))  # rank 0 prints but its heartbeats stop too
+        watch.beats(beat(0, t, float(t), t), float(t))  # rank 0 keeps beating
+    hang = watch.check(21.0)
+    assert hang is not None and hang.ranks == (1,)
+    assert hang.text == "rank(s) 1: no heartbeat for 20s (last progress: heartbeat of rank 1 (step 1), 20s ago)"
+
+
+def test_a_steady_job_is_never_hung():
+    watch = ProgressWatch(3.0, None, started_at=0.0)
+    for t in range(1, 1000):
+        watch.beats(beat(0, t, t * 0.5, t), t * 0.5)
+        watch.line("GPU0", "ok", t * 0.5)
+        assert watch.check(t * 0.5 + 0.1) is None
+
+
+def test_an_unchanged_heartbeat_is_not_progress_and_a_future_time_is_clamped():
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    assert watch.beats(beat(0, 1, 2.0), 2.0) == [0]
+    assert watch.beats(beat(0, 1, 2.0), 5.0) == []  # the same count: nothing new
+    assert watch.beats(beat(0, 2, 99.0), 6.0) == [0] and watch.rank_last[0][0] == 6.0
+    assert watch.progressed
+
+
+def test_next_due_is_the_earliest_possible_hang_and_off_without_a_timeout():
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    watch.beats(beat(0, 1, 3.0), 3.0)
+    watch.line("GPU0", "x", 7.0)
+    assert watch.next_due(8.0) == 13.0
+    assert ProgressWatch(None, None, 0.0).next_due(5.0) is None
+    assert ProgressWatch(None, None, 0.0).check(1e9) is None
+
+
+def test_hang_records_are_data():
+    watch = ProgressWatch(1.0, None, started_at=0.0)
+    assert watch.check(2.5).to_dict() == {
+        "silent_s": 2.5,
+        "last": "none since launch 2.5s ago",
+        "ranks": [],
+        "text": "no progress for 2.5s (last progress: none since launch 2.5s ago)",
+    }
+
+
+# --- stragglers -------------------------------------------------------------------------------------------
+
+
+def feed(rates: StepRates, per_rank_period: dict[int, float], until: float) -> None:
+    for slot, period in per_rank_period.items():
+        step, t = 0, 0.0
+        while t <= until:
+            rates.observe(slot, step, t)
+            step, t = step + 1, t + period
+
+
+def test_a_half_speed_rank_is_named_slow_after_persisting_and_once():
+    rates = StepRates(0.8)
+    feed(rates, {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.1}, until=10.0)
+    found = [rates.check(10.0 + i) for i in range(PERSIST + 2)]
+    assert found[: PERSIST - 1] == [[]] * (PERSIST - 1)
+    (slow,) = found[PERSIST - 1]
+    assert slow.slot == 2 and slow.rate == pytest.approx(5.0) and slow.median == pytest.approx(10.0)
+    assert found[PERSIST:] == [[], []]  # named once
+    assert slow.text == "rank 2 is slow: 5 steps/s, below 0.8 x its peers' median 10 steps/s"
+    assert [s.slot for s in rates.named] == [2]
+
+
+def test_equal_ranks_and_a_ratio_of_zero_name_nobody():
+    rates = StepRates(0.8)
+    feed(rates, {0: 0.1, 1: 0.1, 2: 0.11}, until=10.0)
+    assert all(rates.check(10.0 + i) == [] for i in range(6))
+    off = StepRates(0)
+    feed(off, {0: 0.1, 1: 1.0}, until=20.0)
+    assert all(off.check(20.0 + i) == [] for i in range(6))
+
+
+def test_two_ranks_compare_with_each_other():
+    rates = StepRates(0.8)
+    feed(rates, {0: 0.1, 1: 0.3}, until=12.0)
+    assert [s.slot for i in range(PERSIST) for s in rates.check(12.0 + i)] == [1]
+
+
+def test_the_rate_uses_the_last_twenty_steps_or_five_minutes():
+    rates = StepRates(0.8)
+    for step in range(0, 100):
+        rates.observe(0, step, step * 1.0 if step < 80 else 80 + (step - 80) * 0.1)  # speeds up at step 80
+    assert rates.rate(0, 82.0) == pytest.approx(10.0)  # the last 20 steps: 0.1 s each
+    slow = StepRates(0.8)
+    for step in range(0, 10):
+        slow.observe(0, step, step * 100.0)  # a step every 100 s: only 3 steps fit in 5 minutes
+    assert slow.rate(0, 900.0) == pytest.approx(0.01)
+    assert StepRates(0.8).rate(0, 1.0) is None
+
+
+def test_a_step_that_goes_back_starts_the_history_again():
+    rates = StepRates(0.8)
+    for step in range(10):
+        rates.observe(0, step, float(step))
+    rates.observe(0, 2, 11.0)  # a new epoch counter
+    assert rates.rate(0, 11.0) is None
+    rates.observe(0, 2, 12.0)  # the same step again: ignored
+    assert rates.rate(0, 12.0) is None
+
+
+# --- heartbeats ---------------------------------------------------------------------------------------------
+
+
+def test_heartbeat_writes_its_slot_and_read_board_sees_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    board = create_board(tmp_path / "hb", 4)
+    monkeypatch.setenv(hb.ENV_FILE, str(board))
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    hb._reset_for_tests()
+    try:
+        hb.heartbeat(7)
+        hb.heartbeat()
+        (got,) = read_board(board).values()
+        assert (got.slot, got.count, got.step) == (2, 2, None)
+        hb.heartbeat(9)
+        assert read_board(board)[2].step == 9
+    finally:
+        hb._reset_for_tests()
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [({}, "not under podguard"), ({"LOCAL_RANK": "9"}, "a slot past the board"), ({"LOCAL_RANK": "x"}, "a bad rank")],
+)
+def test_heartbeat_is_a_silent_no_op_where_it_cannot_write(tmp_path, monkeypatch, env, why):
+    board = create_board(tmp_path / "hb", 4)
+    if env:
+        monkeypatch.setenv(hb.ENV_FILE, str(board))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    hb._reset_for_tests()
+    try:
+        hb.heartbeat(1)  # never raises into a training loop
+        assert read_board(board) == {}, why
+    finally:
+        hb._reset_for_tests()
+
+
+def test_a_missing_or_foreign_board_reads_as_empty(tmp_path: Path):
+    assert read_board(tmp_path / "none") == {}
+    (tmp_path / "junk").write_bytes(b"x" * 200)
+    assert read_board(tmp_path / "junk") == {}
+
+
+def test_heartbeat_from_real_processes_uses_each_local_rank(tmp_path: Path):
+    board = create_board(tmp_path / "hb", 3)
+    code = "from podguard.rank import heartbeat\nfor s in range(5): heartbeat(s)\n"
+    for rank in range(3):
+        env = {"PATH": "/usr/bin:/bin", hb.ENV_FILE: str(board), "LOCAL_RANK": str(rank)}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert {s: (b.count, b.step) for s, b in read_board(board).items()} == {0: (5, 4), 1: (5, 4), 2: (5, 4)}
+
+
+def test_heartbeat_costs_microseconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(hb.ENV_FILE, str(create_board(tmp_path / "hb", 1)))
+    hb._reset_for_tests()
+    try:
+        per_call = min(timeit.repeat(lambda: hb.heartbeat(1), number=20000, repeat=3)) / 20000
+        assert per_call < 50e-6  # a loose bound for shared CI machines; bench/bench_watch.py measures it
+    finally:
+        hb._reset_for_tests()

@@ -1,0 +1,339 @@
+"""End to end, issue 19: hangs found and explained, GPU faults named as they happen, restarts with a fresh
+preflight. `podguard train|run` as real subprocesses: gloo process groups on CPU (no driver), the fake NVML node
+for GPU faults (Xids and a lost GPU written into its scenario while the job runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fakenvml import scenario as sc
+
+PODGUARD = [sys.executable, "-m", "podguard"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def node(cli_node):
+    return cli_node
+
+
+def pg(node, args, *, env=None, timeout=120.0, cpu=True):
+    full = {**node.env, **(env or {})}
+    if cpu:
+        full["LD_LIBRARY_PATH"] = ""  # no driver: CPU workers
+    return subprocess.run(
+        [*PODGUARD, *args], env=full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def runs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "state" / "runs").iterdir())
+
+
+def said(proc: subprocess.CompletedProcess[str]) -> str:
+    """Everything podguard and the job printed (the supervisor's lines go with the job's, on stdout)."""
+    return proc.stdout + proc.stderr
+
+
+def end_line(err: str) -> str:
+    (line,) = [ln for ln in err.splitlines() if re.match(r"^podguard (train|run): END ", ln)]
+    return line
+
+
+STUCK_RANK = """
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    rank = dist.get_rank()
+
+    def load_batch():
+        time.sleep(3600)  # rank 1's data loader never returns
+
+    print(f"rank {rank} ready", flush=True)
+    if rank == 1:
+        load_batch()
+    dist.all_reduce(torch.ones(1))
+    """
+
+needs_pyspy = pytest.mark.skipif(
+    shutil.which("py-spy") is None and not Path(sys.executable).with_name("py-spy").exists(),
+    reason="py-spy is not installed (pip install 'podguard[stacks]')",
+)
+
+
+@needs_pyspy
+@pytest.mark.parametrize("mode", ["per-gpu", "torchrun"])
+def test_a_rank_stuck_while_the_others_wait_in_all_reduce_is_79_with_both_stacks_and_the_stuck_rank_named(
+    node, tmp_path, mode
+):
+    job = script(tmp_path, "stuck.py", STUCK_RANK)
+    started = time.monotonic()
+    args = ["train", "--mode", mode, "--cpu-workers", "2", "--hang-timeout", "4", "--grace", "2"]
+    proc = pg(node, [*args, "--", sys.executable, job])
+    assert proc.returncode == 79, proc.stderr[-3000:]
+    assert time.monotonic() - started < 60
+    err = proc.stdout + proc.stderr
+    assert "podguard: HUNG: no progress for " in err
+    assert re.search(r"rank 1 is the likely stuck rank", err), err[-3000:]
+    assert re.search(r"rank 0: stuck\.py:\d+ in <module> \(in all_reduce\)", err), err[-3000:]
+    assert end_line(err).startswith("podguard train: END hung exit 79 after 1 attempt(s)")
+    (run,) = runs(tmp_path)
+    record = json.loads((run / "hang" / "hang.json").read_text())
+    stacks = {s["rank"]: s for s in record["stacks"]}
+    assert set(stacks) == {0, 1} and all(Path(s["path"]).is_file() for s in stacks.values())
+    assert "load_batch" in stacks[1]["innermost_user_frame"]
+    assert "load_batch" in Path(stacks[1]["path"]).read_text()
+
+
+def test_a_steady_job_is_never_called_hung(node, tmp_path):
+    job = script(
+        tmp_path, "steady.py", "import time\nfor i in range(12):\n    print('step', i, flush=True); time.sleep(0.5)\n"
+    )
+    proc = pg(node, ["run", "--hang-timeout", "2", "--", sys.executable, job])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HUNG" not in said(proc) and end_line(said(proc)).startswith("podguard run: END success exit 0")
+
+
+def test_progress_ignores_noise_lines(node, tmp_path):
+    job = script(
+        tmp_path,
+        "noisy.py",
+        """
+        import time
+        print("step 1 loss 2.0", flush=True)
+        while True:
+            print("WARNING: a library says something", flush=True)
+            time.sleep(0.2)
+        """,
+    )
+    started = time.monotonic()
+    proc = pg(
+        node, ["run", "--hang-timeout", "3", "--progress", r"^step \d+", "--grace", "1", "--", sys.executable, job]
+    )
+    assert proc.returncode == 79, proc.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert "last progress: job: 'step 1 loss 2.0'" in said(proc)
+
+
+def test_heartbeats_find_a_stuck_rank_while_another_rank_keeps_printing(node, tmp_path):
+    job = script(
+        tmp_path,
+        "beats.py",
+        """
+        import os, time
+        from podguard.rank import heartbeat
+        rank = int(os.environ["LOCAL_RANK"])
+        for step in range(1000):
+            if rank == 1 and step >= 3:
+                print(f"rank 1 still printing at {step}", flush=True)  # prints, but makes no progress
+            else:
+                heartbeat(step)
+            time.sleep(0.1)
+        """,
+    )
+    proc = pg(
+        node,
+        [
+            "train",
+            "--mode",
+            "per-gpu",
+            "--cpu-workers",
+            "2",
+            "--hang-timeout",
+            "3",
+            "--grace",
+            "1",
+            "--",
+            sys.executable,
+            job,
+        ],
+    )
+    assert proc.returncode == 79, proc.stderr[-2000:]
+    assert "podguard: HUNG: rank(s) 1: no heartbeat for " in said(proc)
+    assert "job hung (rank(s) 1)" in said(proc)
+
+
+def test_a_half_speed_rank_is_named_slow(node, tmp_path):
+    job = script(
+        tmp_path,
+        "speeds.py",
+        """
+        import os, time
+        from podguard.rank import heartbeat
+        rank = int(os.environ["LOCAL_RANK"])
+        period = 0.1 if rank == 2 else 0.05
+        end = time.monotonic() + 8
+        step = 0
+        while time.monotonic() < end:
+            heartbeat(step); step += 1; time.sleep(period)
+        """,
+    )
+    proc = pg(node, ["train", "--mode", "per-gpu", "--cpu-workers", "3", "--", sys.executable, job])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    slow = [ln for ln in said(proc).splitlines() if "is slow:" in ln]
+    assert slow and all("rank 2" in ln for ln in slow), proc.stderr[-2000:]
+    assert "stragglers: rank 2" in said(proc)
+
+
+# --- GPU faults (the fake NVML node) ------------------------------------------------------------------------
+
+SLEEPER = "import time, sys\nprint('working', flush=True)\ntime.sleep(60)\n"
+
+
+def test_xid_79_and_a_lost_gpu_mid_run_end_the_job_with_76_in_seconds(node, tmp_path):
+    job = script(tmp_path, "sleeper.py", SLEEPER)
+    scenario = node.write(sc.healthy_h100(2))
+    proc = subprocess.Popen(
+        [*PODGUARD, "train", "--mode", "per-gpu", "--grace", "1", "--", sys.executable, job],
+        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # the job runs
+        scenario.xids.append(sc.XidSpec(gpu=1, xid=79, after_ms=0))
+        scenario.gpus[1].lost = True
+        node.write(scenario)
+        faulted = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        err = out + err
+    finally:
+        proc.kill()
+    assert proc.returncode == 76, err[-3000:]
+    assert time.monotonic() - faulted < 15
+    assert re.search(r"GPU FAULT: GPU 1 \(GPU-[0-9a-f-]+\): Xid 79", err), err[-3000:]
+    assert end_line(err).startswith("podguard train: END gpu-fault exit 76")
+    (run,) = runs(tmp_path)
+    record = json.loads((run / "gpu_faults.json").read_text())
+    first = record["faults"][0]
+    assert (first["gpu"], first["xid"], first["fatal"]) == (1, 79, True) and first["uuid"].startswith("GPU-")
+
+
+def test_xid_95_then_a_workers_exit_is_76_with_the_fault_as_root_cause(node, tmp_path):
+    flag = tmp_path / "fault-now"
+    job = script(
+        tmp_path,
+        "dies.py",
+        f"""
+        import os, sys, time
+        while not os.path.exists({str(flag)!r}):
+            time.sleep(0.05)
+        if os.environ["RANK"] == "0":
+            sys.exit(1)  # the uncontained ECC error kills this rank's CUDA context
+        time.sleep(60)
+        """,
+    )
+    scenario = node.write(sc.healthy_h100(2))
+    proc = subprocess.Popen(
+        [*PODGUARD, "train", "--mode", "per-gpu", "--grace", "1", "--", sys.executable, job],
+        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(2.5)
+        scenario.xids.append(sc.XidSpec(gpu=0, xid=95, after_ms=0))
+        node.write(scenario)
+        flag.write_text("now")
+        out, err = proc.communicate(timeout=60)
+        err = out + err
+    finally:
+        proc.kill()
+    assert proc.returncode == 76, err[-3000:]
+    assert "Xid 95" in end_line(err) or "Xid 95" in err
+    assert end_line(err).startswith("podguard train: END gpu-fault exit 76"), err[-2000:]
+
+
+def test_xid_31_is_printed_and_nothing_ends(node, tmp_path):
+    job = script(tmp_path, "short.py", "import time\nprint('working', flush=True)\ntime.sleep(4)\n")
+    scenario = sc.healthy_h100(2)
+    scenario.xids.append(sc.XidSpec(gpu=0, xid=31, after_ms=1500))
+    node.write(scenario)
+    proc = pg(node, ["train", "--mode", "per-gpu", "--", sys.executable, job], cpu=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"GPU event \(application-level, not acted on\): GPU 0 \(GPU-[0-9a-f-]+\): Xid 31", said(proc))
+
+
+# --- restarts ---------------------------------------------------------------------------------------------------
+
+
+def test_restarts_after_a_crash_with_a_fresh_preflight_and_the_restart_count(node, tmp_path):
+    job = script(
+        tmp_path,
+        "flaky.py",
+        """
+        import os, sys
+        count = int(os.environ["PODGUARD_RESTART_COUNT"])
+        print("attempt", count, flush=True)
+        sys.exit(0 if count == 2 else 3 + count)
+        """,
+    )
+    proc = pg(node, ["run", "--restarts", "3", "--", sys.executable, job])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert [ln for ln in out.splitlines() if ln.startswith("attempt")] == ["attempt 0", "attempt 1", "attempt 2"]
+    err = proc.stdout + proc.stderr
+    assert "podguard run: RESTART 1 of 3 in 1 s after crash, exit 3" in err
+    assert "podguard run: RESTART 2 of 3 in 2 s after crash, exit 4" in err
+    assert err.count("podguard run: PASS") == 3  # a preflight before every attempt
+    assert end_line(err) == "podguard run: END success exit 0 after 3 attempt(s)"
+
+
+def test_restarts_after_a_hang(node, tmp_path):
+    job = script(
+        tmp_path,
+        "hangs_once.py",
+        """
+        import os, time
+        print("start", flush=True)
+        if os.environ["PODGUARD_RESTART_COUNT"] == "0":
+            time.sleep(60)
+        """,
+    )
+    proc = pg(node, ["run", "--restarts", "1", "--hang-timeout", "2", "--grace", "1", "--", sys.executable, job])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESTART 1 of 1 in 1 s after hang (no progress), exit 79" in said(proc)
+    assert end_line(said(proc)) == "podguard run: END success exit 0 after 2 attempt(s)"
+
+
+def test_the_crash_loop_stop(node, tmp_path):
+    job = script(tmp_path, "always.py", "import sys\nsys.exit(5)\n")
+    proc = pg(node, ["run", "--restarts", "10", "--", sys.executable, job])
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "not restarting: crash loop: 3 attempts in a row failed the same way (crash) before any progress" in (
+        said(proc)
+    )
+    assert end_line(said(proc)) == "podguard run: END failed exit 5 after 3 attempt(s)"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--hang-timeout", "soon"], {}, "--hang-timeout='soon' is not a duration"),
+        (["--progress", "("], {}, "--progress='(' is not a valid regular expression"),
+        (["--restarts", "-1"], {}, "--restarts"),
+        ([], {"PODGUARD_RESTARTS": "many"}, "--restarts"),
+        (
+            ["--restarts", "2"],
+            {"NUM_NODES": "2", "NODE_RANK": "0", "PRIMARY_ADDR": "127.0.0.1", "PRIMARY_PORT": "29555"},
+            "use --max-restarts",
+        ),
+    ],
+)
+def test_bad_values_are_64_before_anything_runs(node, tmp_path, args, env, needle):
+    marker = tmp_path / "ran"
+    proc = pg(node, ["train", *args, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"], env=env)
+    assert proc.returncode == 64, proc.stderr
+    assert needle in said(proc) and "Traceback" not in said(proc)
+    assert not marker.exists() and not (tmp_path / "state" / "runs").exists()
