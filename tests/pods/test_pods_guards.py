@@ -316,6 +316,8 @@ def test_cpu_only_run_ignores_idle_stop_with_one_warning(cli_node):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("--idle-stop is ignored: this run has no GPU to watch (CPU only)") == 1
+    assert "billing guards" not in proc.stderr  # no guard is left on: no (empty) "billing guards:" line
+    assert "podguard: \n" not in proc.stderr + "\n" and not proc.stderr.rstrip("\n").endswith("podguard:")
 
 
 @pytest.mark.parametrize(
