@@ -372,6 +372,15 @@ def test_limits_reach_the_create_body_as_guard_variables(standin, tmp_path):  # 
     }
 
 
+def test_hang_timeout_and_restarts_in_limits_reach_the_pod_as_their_variables(standin, tmp_path):  # noqa: F811
+    spec = write_spec(tmp_path / "pod.toml", A40_SPEC + '\n[limits]\nhang_timeout = "30m"\nrestarts = 2\n')
+    proc = pg(["pod", "up", "--spec", str(spec), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    (create,) = standin.calls("POST", r"^/v2/pods$")
+    env = json.loads(create.body)["env"]
+    assert env == {"WANDB_PROJECT": "demo", "PODGUARD_HANG_TIMEOUT": "30m", "PODGUARD_RESTARTS": "2"}
+
+
 CLUSTER_SPEC = """
     name = "ring"
     image = "registry.example/me/podguard:0.2"
@@ -392,9 +401,10 @@ CLUSTER_SPEC = """
         (LIMITS, True),
         ('\n[limits]\nidle_stop = "off"\nmax_cost_usd = 0\n', False),
         ('\n[env]\nPODGUARD_MAX_RUNTIME = "2h"\n', True),
+        ('\n[limits]\nhang_timeout = "1h"\nrestarts = 3\n', False),  # the run's watch is no billing guard
         ("", False),
     ],
-    ids=["limits", "limits-off", "env", "none"],
+    ids=["limits", "limits-off", "env", "watch-only", "none"],
 )
 def test_pod_up_of_a_cluster_with_limits_says_once_that_a_guard_deletes_it(standin, tmp_path, extra, noted):  # noqa: F811
     spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC + extra)
@@ -419,6 +429,10 @@ def test_pod_up_of_a_cluster_with_limits_says_once_that_a_guard_deletes_it(stand
         ("max_cost_usd = -1", "[limits] max_cost_usd = -1 is not valid; expected US dollars"),
         ("max_runtime = true", "[limits] max_runtime = True is not valid"),
         ('stop_after = "1h"', "[limits] stop_after is not a known key"),
+        ('hang_timeout = "forever"', "[limits] hang_timeout = 'forever' is not valid; expected e.g. 90s"),
+        ("restarts = -1", "[limits] restarts = -1 is not valid; expected a whole number of relaunches"),
+        ("restarts = 1.5", "[limits] restarts = 1.5 is not valid"),
+        ('restarts = "many"', "[limits] restarts = 'many' is not valid"),
     ],
 )
 def test_bad_limits_are_64_with_no_request(standin, tmp_path, limits, named):  # noqa: F811

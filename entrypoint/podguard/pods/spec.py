@@ -48,7 +48,7 @@ _TABLES = {
     "volume": {"size_gb", "path"},
     "network_volume": {"id", "path"},
     "ready": {"timeout_s"},
-    "limits": {"idle_stop", "max_runtime", "max_cost_usd"},
+    "limits": {"idle_stop", "max_runtime", "max_cost_usd", "hang_timeout", "restarts"},
     "cluster": {"nodes", "type"},
 }
 _PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
@@ -302,7 +302,7 @@ def _env(c: _Checker, data: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _limits(c: _Checker, data: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
-    """[limits]: the billing guards, passed to the pod as PODGUARD_* variables (pods/limits.py)."""
+    """[limits]: the billing guards and the run's watch, passed to the pod as PODGUARD_* variables (pods/limits.py)."""
     from podguard.pods.limits import limits_env
 
     return {**env, **limits_env(c.table(data, "limits") or {}, env, where=c.where)}

@@ -34,10 +34,10 @@ class ClusterUpResult:
 
 def guards_on(env: Mapping[str, str]) -> list[str]:
     """The billing guards the pods' environment turns on (from `[limits]` or `[env]`; `0`/`off` is off)."""
-    from podguard.pods.limits import LIMIT_KEYS
+    from podguard.pods.limits import GUARD_KEYS, LIMIT_KEYS
 
     on = []
-    for variable, parse, _valid in LIMIT_KEYS.values():
+    for variable, parse, _valid in (LIMIT_KEYS[key] for key in GUARD_KEYS):
         if variable not in env:
             continue
         try:
