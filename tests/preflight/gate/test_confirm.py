@@ -95,5 +95,11 @@ def test_the_results_are_in_gpu_order():
     assert list(found) == [2, 5]
 
 
-def test_the_gap_covers_nvml_utilisation_sample_period():
-    assert CONFIRM_GAP_S >= 1.0  # nvml.h: the utilisation sample period is between 1/6 s and 1 s
+def test_the_gap_is_nvml_utilisation_sample_period_at_its_longest():
+    assert CONFIRM_GAP_S == 1.0  # nvml.h: the utilisation sample period is between 1/6 s and 1 s
+
+
+def test_a_reread_exactly_at_the_gap_waits_for_nothing():
+    clock = Clock(now=101.0)
+    _, clock = run([{0: (SLOW,)}], {}, last_read_at=100.0, clock=clock)
+    assert clock.slept == [] and clock.rereads == 1

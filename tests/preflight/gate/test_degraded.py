@@ -229,3 +229,46 @@ def test_a_gpu_busy_with_its_own_job_is_still_judged_on_its_link():
         degraded=gpu_degraded(h100(0, pcie_link_width=8)),
     )
     assert v.verdict is Verdict.UNHEALTHY
+
+
+# --- mutation-found blind spots (issue 18 item 14) ---------------------------------------------------------------
+
+
+def test_gpu_degraded_alone_is_off_by_default_and_a_partly_trained_link_is_found():
+    (found,) = gpu_degraded(h100(0, nvlink_links=18, nvlink_active=17))
+    assert (found.code, found.text) == ("nvlink_down", "NVLink 17 of 18 links active")
+    assert gpu_degraded(h100(0, nvlink_links=18, nvlink_active=17), alone=True) == []
+
+
+def test_one_link_up_of_eighteen_is_some_up_and_some_down():
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=18, nvlink_active=1)]
+    assert node_degraded(node)[1][0].text == "NVLink 1 of 18 links active"
+
+
+def test_the_peer_finding_is_an_nvlink_finding():
+    node = [h100(0, nvlink_links=18, nvlink_active=18), h100(1, nvlink_links=12, nvlink_active=12)]
+    (found,) = node_degraded(node)[1]
+    assert found.code == "nvlink_down" and found.text.endswith("other GPUs of this model have 18 up")
+
+
+def test_a_bridged_card_reporting_fewer_links_than_its_peers_have_up_is_compared():
+    a40 = "NVIDIA A40"
+    node = [h100(0, name=a40, nvlink_links=4, nvlink_active=4), h100(1, name=a40, nvlink_links=2, nvlink_active=2)]
+    assert node_degraded(node)[1][0].values == {"active": 2, "links": 2, "peer_links": 4}
+
+
+def test_unread_or_inconsistent_link_states_never_raise():
+    node = [
+        h100(0, nvlink_links=18, nvlink_active=18),
+        h100(1, nvlink_links=18, nvlink_active=None),  # its state could not be read
+        h100(2, nvlink_links=18, nvlink_active=12),
+        h100(3, nvlink_links=None, nvlink_active=2),  # no link count but a state: not judged
+    ]
+    assert list(node_degraded(node)) == [2]
+
+
+def test_the_thermal_finding_text_without_heat_and_a_threshold_of_one_degree():
+    (found,) = gpu_degraded(clocks(0x40))
+    assert found.text == "hardware thermal slowdown while idle (HW thermal)"
+    assert found.values == {"clock_event_reasons": "0x40"}
+    assert [d.code for d in gpu_degraded(h100(0, temperature_c=1, temperature_slowdown_c=1))] == ["temperature"]

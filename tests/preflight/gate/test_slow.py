@@ -279,3 +279,39 @@ def test_every_floor_in_the_code_is_the_one_docs_gate_md_gives_with_its_source()
     for entry in FLOORS:
         expected = {k: v for k, v in documented[entry.model].items() if v is not None}
         assert dict(entry.floors) == expected, entry.model
+
+
+# --- mutation-found blind spots (issue 18 item 14) ---------------------------------------------------------------
+
+
+def test_findings_come_out_in_gpu_order_whatever_metric_found_them():
+    metrics = {
+        0: dict(HEALTHY_H200),
+        1: {**HEALTHY_H200, "mem_gbps": 2000.0},
+        3: {**HEALTHY_H200, "matmul_tflops": 300.0},
+    }
+    found = slow_findings(metrics, dict.fromkeys(metrics, H200), 0.8)
+    assert list(found) == [1, 3]  # matmul (GPU 3) is judged before memory (GPU 1)
+
+
+def test_relative_memory_findings_say_gb_per_s():
+    metrics, models = _node(4, gpu2={"mem_gbps": 3000.0})
+    (finding,) = [f for f in slow_findings(metrics, models, 0.8)[2] if "median" in f.values]
+    assert finding.text == "mem_gbps 3000 GB/s is below 0.8 x the median of 4 GPUs (4200 GB/s)"
+
+
+def test_a_value_of_exactly_100_is_written_without_decimals_and_zero_is_a_measurement():
+    (finding,) = slow_findings({0: {"matmul_tflops": 100.0}}, {0: H200}, 0.8)[0]
+    assert finding.code == "slow"
+    assert finding.text == "matmul_tflops 100 TFLOP/s is below the floor 480 TFLOP/s for H200 GPUs"
+    (zero,) = slow_findings({0: {"matmul_tflops": 0.0}}, {0: H200}, 0.8)[0]
+    assert zero.values["value"] == 0.0  # a GPU that measured nothing is below every floor
+
+
+def test_text_and_infinite_metrics_are_not_measurements():
+    metrics = {0: {"matmul_tflops": "fast"}, 1: {"matmul_tflops": float("inf")}, 2: {"matmul_tflops": 700.0}}
+    assert slow_findings(metrics, dict.fromkeys(range(3), "X"), 0.8) == {}  # type: ignore[arg-type]
+
+
+def test_a_bool_link_width_is_no_link():
+    assert h2d_floor(5, True) is None  # type: ignore[arg-type]

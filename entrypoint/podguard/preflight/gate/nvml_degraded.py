@@ -37,21 +37,19 @@ _BRIDGED = re.compile(r"\bpcie\b|\bnvl\b|\ba(30|40)\b|\brtx\b|\bquadro\b|\ba[456
 
 def bridged_card(name: str | None) -> bool:
     """True for a PCIe card whose NVLink, if any, is a bridge someone may or may not have fitted."""
-    return bool(name) and bool(_BRIDGED.search(" ".join((name or "").lower().replace("-", " ").split())))
+    return _BRIDGED.search((name or "").lower()) is not None
 
 
-def gpu_degraded(
-    gpu: GpuSnapshot, peer_links: int | None = None, *, fabric: bool = True, alone: bool = False
-) -> list[Degraded]:
-    """Why this GPU would slow a job down. `peer_links`: the most active NVLink links another GPU of the same
-    model on this node has (None: no such peer). `fabric`: some judged GPU has an active NVLink link (without
-    one there is no NVLink to be down). `alone`: the only GPU judged (its NVLink carries nothing)."""
+def gpu_degraded(gpu: GpuSnapshot, peer_links: int | None = None, *, alone: bool = False) -> list[Degraded]:
+    """Why this GPU would slow a job down. `peer_links`: the most links up on a GPU of the same model on this
+    node (None: no such GPU). `alone`: the only GPU judged (its NVLink carries nothing). With no link up on any
+    GPU (no fabric) nothing can be "down": 0 of N is then compared with peers that have 0 up too."""
     out = _clocks_and_heat(gpu)
     width, width_max = gpu.pcie_link_width, gpu.pcie_link_width_max
     if width is not None and width_max is not None and 0 < width < width_max:
         text = f"PCIe link x{width} of x{width_max} (a narrow link: seat, riser or slot)"
         out.append(Degraded("pcie_width", text, {"width": width, "max_width": width_max}))
-    if fabric and not alone:
+    if not alone:
         out.extend(_nvlink(gpu, peer_links))
     return out
 
@@ -97,17 +95,13 @@ def _nvlink(gpu: GpuSnapshot, peer_links: int | None) -> list[Degraded]:
 
 
 def node_degraded(gpus: Sequence[GpuSnapshot]) -> dict[int, tuple[Degraded, ...]]:
-    """Findings for every GPU in `gpus` that has any. NVLink is judged only where the node has a fabric (a
-    judged GPU with an active link) and is compared with the GPU's same-model peers here."""
-    fabric = any(g.nvlink_links and g.nvlink_active for g in gpus)
+    """Findings for every GPU in `gpus` that has any. NVLink is compared with the most links up on a GPU of the
+    same model here (itself included: a GPU is never short of itself), so a node where no GPU has a link up (no
+    fabric) has no NVLink finding."""
     out: dict[int, tuple[Degraded, ...]] = {}
     for gpu in gpus:
-        peers = [
-            p.nvlink_active
-            for p in gpus
-            if p.index != gpu.index and p.name == gpu.name and p.nvlink_links and p.nvlink_active is not None
-        ]
-        found = gpu_degraded(gpu, max(peers) if peers else None, fabric=fabric, alone=len(gpus) == 1)
+        peers = [p.nvlink_active for p in gpus if p.name == gpu.name and p.nvlink_links and p.nvlink_active is not None]
+        found = gpu_degraded(gpu, max(peers) if peers else None, alone=len(gpus) == 1)
         if found:
             out[gpu.index] = tuple(found)
     return out

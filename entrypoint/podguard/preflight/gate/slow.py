@@ -182,15 +182,21 @@ def _relative(
     return sorted(out, key=lambda item: item[0])
 
 
-def _floor(metric: str, model: str, link: tuple[int | None, int | None] | None) -> tuple[float, str] | None:
-    """(floor, what it is for) of one metric on one GPU, or None when there is none."""
+def _floor(
+    metric: str, model: str, link: tuple[int | None, int | None] | None
+) -> tuple[float, str, dict[str, int | str]] | None:
+    """(floor, what it is for, the values that name it) of one metric on one GPU, or None when there is none."""
     if metric == "h2d_gbps":
         gen, width = link or (None, None)
         floor = h2d_floor(gen, width)
-        return None if floor is None else (floor, f"a PCIe gen {gen} x{width} host link")
+        if floor is None or gen is None or width is None:
+            return None
+        return floor, f"a PCIe gen {gen} x{width} host link", {"pcie_gen_max": gen, "pcie_width_max": width}
     entry = model_floors(model)
     floor = entry.floors.get(metric) if entry else None
-    return None if entry is None or floor is None else (floor, f"{entry.model} GPUs")
+    if entry is None or floor is None:
+        return None
+    return floor, f"{entry.model} GPUs", {"model": entry.model}
 
 
 def _below_floor(
@@ -206,17 +212,11 @@ def _below_floor(
         judged = _floor(metric, models.get(index, ""), links.get(index))
         if value is None or judged is None or value >= judged[0]:
             continue
-        floor, what_for = judged
+        floor, what_for, names = judged
         node = " (the node's all-reduce bus bandwidth)" if metric in NODE_METRICS else ""
         text = f"{metric} {_num(value)} {unit}{node} is below the floor {_num(floor)} {unit} for {what_for}"
-        found = {"metric": metric, "value": value, "floor": floor}
-        if metric == "h2d_gbps":
-            gen, width = links.get(index) or (None, None)
-            found |= {"pcie_gen_max": gen or 0, "pcie_width_max": width or 0}
-        else:
-            entry = model_floors(models.get(index, ""))
-            found["model"] = entry.model if entry else ""
-        out.append((index, Degraded(code="slow", text=text, values=found)))
+        numbers: dict[str, float | int | str] = {"metric": metric, "value": value, "floor": floor, **names}
+        out.append((index, Degraded(code="slow", text=text, values=numbers)))
     return out
 
 
