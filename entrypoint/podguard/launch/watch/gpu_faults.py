@@ -29,6 +29,8 @@ from typing import Any
 
 from podguard.gpu.backend import GpuBackend, GpuHealth, NvmlUnavailable, XidEvent, XidSubscription
 from podguard.gpu.nvml_support import error_code, error_name
+from podguard.gpu.xids import APPLICATION_XIDS as _APPLICATION
+from podguard.gpu.xids import RUN_FATAL_XIDS, XID_MEANINGS, xid_meaning
 
 __all__ = [
     "APPLICATION_XIDS",
@@ -46,33 +48,12 @@ log = logging.getLogger("podguard.watch")
 # on 8 GPUs costs ~1 ms of Python + NVML, so 1 s keeps it near 0.1 % of a core (bench/bench_gpu_watch.py).
 POLL_INTERVAL_S = 1.0
 
-# NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors): the Xids that end the job (PRODUCT.md).
-FATAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapping recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-
-# Application-level Xids: the job's own fault on a healthy GPU. Printed naming the GPU, never acted on.
-APPLICATION_XIDS: dict[int, str] = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup, due to previous errors",
-}
-
-# Other Xids with a name in the text (the gate counts them as hardware; the run-time contract does not end on them).
+# NVIDIA's Xid catalogue (gpu/xids.py): the Xids that end the job (PRODUCT.md), the application-level ones (the job's
+# own fault on a healthy GPU: printed naming the GPU, never acted on), and the others the text names.
+FATAL_XIDS: dict[int, str] = {xid: XID_MEANINGS[xid] for xid in sorted(RUN_FATAL_XIDS)}
+APPLICATION_XIDS: dict[int, str] = {xid: XID_MEANINGS[xid] for xid in sorted(_APPLICATION)}
 OTHER_XIDS: dict[int, str] = {
-    61: "internal micro-controller breakpoint/warning",
-    62: "internal micro-controller halt",
-    140: "unrecovered ECC error",
+    x: m for x, m in XID_MEANINGS.items() if x not in FATAL_XIDS and x not in APPLICATION_XIDS
 }
 
 # The driver's recovery actions (nvmlDeviceGpuRecoveryAction_t), as the backend names them, for a person.
@@ -119,11 +100,6 @@ class GpuFault:
             "text": self.text,
             "time": round(self.wall, 3),
         }
-
-
-def xid_meaning(xid: int) -> str:
-    """NVIDIA's meaning of an Xid, as far as podguard names it."""
-    return FATAL_XIDS.get(xid) or APPLICATION_XIDS.get(xid) or OTHER_XIDS.get(xid) or "see NVIDIA's Xid catalogue"
 
 
 class GpuFaultWatch:

@@ -16,6 +16,8 @@ from enum import StrEnum
 
 from podguard.errors import ExitCode
 from podguard.gpu.backend import ComputeMode, GpuSnapshot, XidEvent
+from podguard.gpu.xids import HARDWARE_XIDS as _HARDWARE
+from podguard.gpu.xids import XID_MEANINGS
 from podguard.preflight.gate.degraded import Degraded, DegradedPolicy
 from podguard.preflight.gate.nvml_degraded import node_degraded
 from podguard.records import Record
@@ -39,23 +41,9 @@ __all__ = [
     "warnings_for",
 ]
 
-# XIDs that mean the hardware or driver needs attention (NVIDIA's XID catalogue). Application faults
+# XIDs that mean the hardware or driver needs attention (NVIDIA's XID catalogue: gpu/xids.py). Application faults
 # (13, 31, 43, 45) are not hardware verdicts: they are the job's own crash.
-HARDWARE_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement / row remap recording event",
-    64: "ECC page retirement / row remap recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-}
+HARDWARE_XIDS: dict[int, str] = {xid: XID_MEANINGS[xid] for xid in sorted(_HARDWARE)}
 
 
 class Verdict(StrEnum):
