@@ -215,7 +215,8 @@ def _below_floor(
         floor, what_for, names = judged
         node = " (the node's all-reduce bus bandwidth)" if metric in NODE_METRICS else ""
         text = f"{metric} {_num(value)} {unit}{node} is below the floor {_num(floor)} {unit} for {what_for}"
-        numbers: dict[str, float | int | str] = {"metric": metric, "value": value, "floor": floor, **names}
+        numbers: dict[str, float | int | str] = {"metric": metric, "value": value, "floor": floor}
+        numbers.update(names)
         out.append((index, Degraded(code="slow", text=text, values=numbers)))
     return out
 
