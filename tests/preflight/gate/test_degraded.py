@@ -272,3 +272,9 @@ def test_the_thermal_finding_text_without_heat_and_a_threshold_of_one_degree():
     assert found.text == "hardware thermal slowdown while idle (HW thermal)"
     assert found.values == {"clock_event_reasons": "0x40"}
     assert [d.code for d in gpu_degraded(h100(0, temperature_c=1, temperature_slowdown_c=1))] == ["temperature"]
+
+
+def test_a_gpu_judged_without_peers_has_no_nvlink_comparison_and_unknown_reasons_read_zero():
+    assert gpu_degraded(h100(0, nvlink_links=18, nvlink_active=18)) == []  # no peer given: nothing to compare
+    (found,) = gpu_degraded(h100(0, clock_event_reasons=None, clock_event_names=("hw_power_brake",)))
+    assert found.values == {"clock_event_reasons": "0x0"}
