@@ -337,3 +337,32 @@ def test_bad_values_are_64_before_anything_runs(node, tmp_path, args, env, needl
     assert proc.returncode == 64, proc.stderr
     assert needle in said(proc) and "Traceback" not in said(proc)
     assert not marker.exists() and not (tmp_path / "state" / "runs").exists()
+
+
+def test_a_restart_keeps_the_gpu_leases_and_gates_the_gpus_again(node, tmp_path):
+    """On (fake) GPUs: the relaunched attempt's job finds its GPUs' lease files still held by podguard (no other
+    run could take them in between), and a fresh preflight ran before it."""
+    node.write(sc.healthy_h100(2))
+    job = script(
+        tmp_path,
+        "leased.py",
+        f"""
+        import fcntl, glob, os, sys
+        rank, count = os.environ["RANK"], os.environ["PODGUARD_RESTART_COUNT"]
+        locks = sorted(glob.glob({str(tmp_path / "state" / "leases" / "gpus" / "GPU-*.lock")!r}))
+        held = 0
+        for path in locks:
+            with open(path, "a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held += 1
+        print(f"attempt {{count}} rank {{rank}}: {{held}} of {{len(locks)}} GPU leases held", flush=True)
+        sys.exit(3 if count == "0" else 0)
+        """,
+    )
+    proc = pg(node, ["train", "--mode", "per-gpu", "--restarts", "1", "--", sys.executable, job], cpu=False)
+    assert proc.returncode == 0, said(proc)[-3000:]
+    assert "attempt 1 rank 0: 2 of 2 GPU leases held" in proc.stdout, proc.stdout
+    assert said(proc).count("podguard train: PASS on 2 GPU(s)") == 2
+    assert end_line(said(proc)) == "podguard train: END success exit 0 after 2 attempt(s)"
