@@ -315,3 +315,11 @@ def test_text_and_infinite_metrics_are_not_measurements():
 
 def test_a_bool_link_width_is_no_link():
     assert h2d_floor(5, True) is None  # type: ignore[arg-type]
+
+
+def test_two_slow_gpus_of_one_model_are_both_named_in_order_and_a_float_generation_is_no_link():
+    metrics, models = _node(6, gpu4={"matmul_tflops": 300.0}, gpu1={"matmul_tflops": 310.0})
+    found = slow_findings(metrics, models, 0.8)
+    assert list(found) == [1, 4]
+    assert all(any("median" in f.values for f in found[i]) for i in (1, 4))
+    assert h2d_floor(5.0, 16) is None  # type: ignore[arg-type]

@@ -189,7 +189,7 @@ def _floor(
     if metric == "h2d_gbps":
         gen, width = link or (None, None)
         floor = h2d_floor(gen, width)
-        if floor is None or gen is None or width is None:
+        if floor is None:  # (NVML gave no generation or width: no copy floor)
             return None
         return floor, f"a PCIe gen {gen} x{width} host link", {"pcie_gen_max": gen, "pcie_width_max": width}
     entry = model_floors(model)
