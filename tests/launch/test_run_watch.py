@@ -192,18 +192,28 @@ def test_a_half_speed_rank_is_named_slow(node, tmp_path):
 
 # --- GPU faults (the fake NVML node) ------------------------------------------------------------------------
 
-SLEEPER = "import time, sys\nprint('working', flush=True)\ntime.sleep(60)\n"
+SLEEPER = "import os, pathlib, time\npathlib.Path(os.environ['READY'] + os.environ['RANK']).touch()\ntime.sleep(60)\n"
+
+
+def wait_for_files(*paths: Path, timeout: float = 30.0) -> None:
+    """Poll (with a deadline) until every worker said it runs."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"the workers did not start: {paths}"
+        time.sleep(0.05)
 
 
 def test_xid_79_and_a_lost_gpu_mid_run_end_the_job_with_76_in_seconds(node, tmp_path):
     job = script(tmp_path, "sleeper.py", SLEEPER)
     scenario = node.write(sc.healthy_h100(2))
+    ready = tmp_path / "ready"
     proc = subprocess.Popen(
         [*PODGUARD, "train", "--mode", "per-gpu", "--grace", "1", "--", sys.executable, job],
-        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        env={**node.env, "READY": str(ready)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        time.sleep(3)  # the job runs
+        wait_for_files(tmp_path / "ready0", tmp_path / "ready1")  # the job runs
         scenario.xids.append(sc.XidSpec(gpu=1, xid=79, after_ms=0))
         scenario.gpus[1].lost = True
         node.write(scenario)
@@ -228,7 +238,8 @@ def test_xid_95_then_a_workers_exit_is_76_with_the_fault_as_root_cause(node, tmp
         tmp_path,
         "dies.py",
         f"""
-        import os, sys, time
+        import os, pathlib, sys, time
+        pathlib.Path({str(tmp_path / "ready")!r} + os.environ["RANK"]).touch()
         while not os.path.exists({str(flag)!r}):
             time.sleep(0.05)
         if os.environ["RANK"] == "0":
@@ -242,7 +253,7 @@ def test_xid_95_then_a_workers_exit_is_76_with_the_fault_as_root_cause(node, tmp
         env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        time.sleep(2.5)
+        wait_for_files(tmp_path / "ready0", tmp_path / "ready1")
         scenario.xids.append(sc.XidSpec(gpu=0, xid=95, after_ms=0))
         node.write(scenario)
         flag.write_text("now")
