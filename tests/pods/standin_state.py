@@ -7,7 +7,9 @@
 Time moves on its own (a ticker thread): PROVISIONING -> STARTING -> RUNNING, and each container start
 writes the lines of a preflight run to the pod's log after `verdict_delay_s`. What the preflight says
 depends on the machine's health: "ok" passes; "sick" fails until the pod is stopped and started again
-(fresh driver state); "broken" always fails (only a replacement helps). Tests may script lines instead.
+(fresh driver state); "broken" always fails (only a replacement helps); on an "error" machine every boot ends in
+ERROR. Tests may script lines instead. What goes wrong from outside: `lose_host` (RUNNING with no runtime and
+no more lines, its start refused), `set_error`, `vanish`, and `host_full_on_start` (a start refused for GPUs).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Machine:
     dc: str
     gpu_type: str | None
     free: int
-    health: str = "ok"  # ok | sick | broken
+    health: str = "ok"  # ok | sick | broken | error (every boot ends in ERROR)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class PodRecord:
     cluster_id: str | None = None  # a member of an Instant Cluster: rank and private address
     rank: int | None = None
     cluster_ip: str | None = None
+    host_lost: bool = False  # the host is gone: RUNNING on paper, no runtime, no more lines, no start
 
     @property
     def actions(self) -> list[str]:
@@ -301,9 +304,10 @@ class World:
                 self._release(pod)
             elif action == "stop":
                 pod.status, pod.pending = "EXITED", []
-                pod.machine.free += pod.gpu_count
+                if not pod.host_lost:
+                    pod.machine.free += pod.gpu_count
             elif action == "start":
-                if self.host_full_on_start or pod.machine.free < pod.gpu_count:
+                if self.host_full_on_start or pod.host_lost or pod.machine.free < pod.gpu_count:
                     raise Refusal(400, HOST_FULL)
                 pod.machine.free -= pod.gpu_count
                 if pod.machine.health == "sick":
@@ -328,6 +332,30 @@ class World:
             started = datetime.fromisoformat(pod.started_at.replace("Z", "+00:00")).timestamp() - seconds
             pod.started_at = datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
+    # -- what goes wrong from outside ---------------------------------------------------------------------
+    def lose_host(self, pod_id: str) -> None:
+        """The host dies under a RUNNING pod: RunPod still says RUNNING, with no runtime; no line comes any more;
+        a start is refused (its GPUs are not there)."""
+        with self.lock:
+            pod = self.get(pod_id)
+            pod.host_lost, pod.pending = True, []
+            self.lock.notify_all()
+
+    def set_error(self, pod_id: str) -> None:
+        """The pod goes to ERROR (its container cannot run there)."""
+        with self.lock:
+            pod = self.get(pod_id)
+            pod.status, pod.pending = "ERROR", []
+            self.lock.notify_all()
+
+    def vanish(self, pod_id: str) -> None:
+        """The pod is gone from the API (404), as if terminated behind the user's back."""
+        with self.lock:
+            pod = self.get(pod_id)
+            pod.status = "TERMINATED"
+            self._release(pod)
+            self.lock.notify_all()
+
     # -- logs ----------------------------------------------------------------------------------------------
     def emit(self, pod_id: str, line: str, source: str = "container") -> LogLine:
         with self.lock:
@@ -348,12 +376,15 @@ class World:
         if pod.status == "PROVISIONING" and now >= pod.until:
             pod.status, pod.until = "STARTING", now + self.timing.start_s
             self._append(pod, "system", f"pulling image {pod.image}")
+        elif pod.status == "STARTING" and now >= pod.until and pod.machine.health == "error":
+            pod.status, pod.pending = "ERROR", []
+            self._append(pod, "system", "container start failed: the host reported an error")
         elif pod.status == "STARTING" and now >= pod.until:
             pod.status, pod.started_at, pod.starts = "RUNNING", now_iso(), pod.starts + 1
             lines = self.script(pod) if self.script is not None else verdict_lines(pod)
             due = now + self.timing.verdict_delay_s
             pod.pending = [(due, "container", line) for line in lines]
-        if pod.status == "RUNNING":
+        if pod.status == "RUNNING" and not pod.host_lost:
             while pod.pending and pod.pending[0][0] <= now:
                 _, source, line = pod.pending.pop(0)
                 self._append(pod, source, line)

@@ -64,7 +64,7 @@ def pod_view(pod: PodRecord) -> dict[str, Any]:
         "cost": pod.cost,
         "locked": False,
         "globalNetworking": {"enabled": False},
-        "runtime": {"uptime": _uptime(pod), "ports": ports} if running else None,
+        "runtime": {"uptime": _uptime(pod), "ports": ports} if running and not pod.host_lost else None,
         "createdAt": pod.created_at,
         "startedAt": pod.started_at,
     }

@@ -220,14 +220,19 @@ def up(
 
 @pod_app.command("status")
 def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
-    """One pod or cluster: status, GPU, cost per hour, SSH command, ports (a cluster: each node too)."""
+    """One pod or cluster: status, GPU, cost per hour, SSH command, ports (a cluster: each node too), its keeper."""
+    from podguard.pods.keeper.deploy import kept_by
+
     client, target = _client_and_pod(api, retry_for, pod)
+    kept = kept_by(client, target.name)
     if _is_cluster(target):
         from podguard.pods.clusters import commands
 
-        commands.show(client, target, as_json=as_json)
-        return
-    _show(target, as_json)
+        commands.show(client, target, as_json=as_json, extra={"kept_by": kept})
+    else:
+        _show(target, as_json, {"kept_by": kept})
+    if kept and not as_json:
+        print(f"kept by:  {kept} (`podguard pod keep`)")
 
 
 @pod_app.command("list")
@@ -331,6 +336,10 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     from podguard.pods.clusters import commands
     from podguard.pods.clusters.model import Member
 
+    if wanted is PodAction.TERMINATE and not isinstance(target, Member):
+        from podguard.pods.keeper.deploy import end_keepers
+
+        end_keepers(client, target.name, lambda text: print(f"podguard: {text}", file=sys.stderr))  # first
     if _is_cluster(target):
         if wanted is not PodAction.TERMINATE:
             raise commands.refuse_action(target, wanted)
@@ -424,6 +433,61 @@ def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress
     where = save_heal_record(target_id, record)
     if where:
         progress.say(f"heal record: {where}")
+
+
+@pod_app.command("keep")
+def keep(
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec", envvar="PODGUARD_SPEC", help="The pod spec (TOML), e.g. runpod/pod.toml.", show_default=False
+        ),
+    ] = None,
+    poll: Annotated[
+        float, typer.Option("--poll", envvar="PODGUARD_POLL", help="Seconds between status requests (one each).")
+    ] = 30.0,
+    max_recoveries: Annotated[
+        int,
+        typer.Option(
+            "--max-recoveries",
+            envvar="PODGUARD_MAX_RECOVERIES",
+            help="Starts and replacements at most; then leave it stopped and exit 75.",
+        ),
+    ] = 5,
+    notify: Annotated[
+        str | None,
+        typer.Option(
+            "--notify",
+            envvar="PODGUARD_NOTIFY",
+            help="Webhook URL: a JSON post (text and content: Slack, Discord) per recovery, the end, a give-up.",
+            show_default=False,
+        ),
+    ] = None,
+    deploy: Annotated[
+        bool,
+        typer.Option("--deploy", envvar="PODGUARD_DEPLOY", help="Run the keeper as a small CPU pod (<name>-keeper)."),
+    ] = False,
+    key_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--key-secret",
+            envvar="PODGUARD_KEY_SECRET",
+            help="With --deploy: the RunPod secret holding the API key (default runpod_api_key).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Json = False,
+    api: Api = None,
+    retry_for: RetryFor = 60.0,
+) -> None:
+    """`pod up`, then watch the pod (or cluster) and its job until it is over, recovering what breaks."""
+    from podguard.pods.keeper.command import KeepRequest
+    from podguard.pods.keeper.command import keep as run_keep
+
+    request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json)
+    code = run_keep(request, lambda spec: _api(api, retry_for, spec=spec))
+    if code:
+        raise typer.Exit(code)
 
 
 @template_app.command("push")

@@ -36,6 +36,7 @@ class LogFollower(threading.Thread):
         backoff_s: float = 0.5,
         backoff_cap_s: float = 8.0,
         sink: Callable[[LogEvent | ApiError], None] | None = None,
+        last_event_id: str = "",
     ) -> None:
         super().__init__(name=f"podguard-logs-{pod_id}", daemon=True)
         self.queue: queue.Queue[LogEvent | ApiError] = queue.Queue()
@@ -46,13 +47,14 @@ class LogFollower(threading.Thread):
         self._since = since
         self._tail = tail
         self._source = source
+        self._resume_from = last_event_id  # a keeper started again resumes where it left off
         self._backoff = (backoff_s, backoff_cap_s)
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._stream: LogStream | None = None
 
     def run(self) -> None:
-        last_id = ""
+        last_id = self._resume_from
         quick_failures = 0
         while not self._halt.is_set():
             try:

@@ -125,6 +125,7 @@ class Pod:
     created_at: str | None = None
     cluster_id: str | None = None  # an Instant Cluster member: REST v2's `cluster {id, rank, ip}`
     cluster_rank: int | None = None
+    has_runtime: bool | None = None  # REST v2 `runtime` is an object (the container runs) or null; None: not told
 
     def uptime_s(self, now: float | None = None) -> float | None:
         """Seconds running since its last start: None unless RUNNING with a start time in the API."""

@@ -250,6 +250,7 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
         created_at=d.get("createdAt"),
         cluster_id=str(cluster["id"]) if cluster.get("id") else None,
         cluster_rank=None if rank is None else int(rank),
+        has_runtime=isinstance(d.get("runtime"), dict),
     )
 
 

@@ -41,9 +41,9 @@ def _print(cluster: Cluster, members: list[Member], as_json: bool, extra: dict[s
         print(cluster_details(cluster, members))
 
 
-def show(client: PodApi, cluster: Cluster, *, as_json: bool) -> None:
+def show(client: PodApi, cluster: Cluster, *, as_json: bool, extra: dict[str, Any] | None = None) -> None:
     api = cluster_api(client)
-    _print(cluster, api.members(cluster.id), as_json)
+    _print(cluster, api.members(cluster.id), as_json, extra)
 
 
 def _failure(outcome: ClusterOutcome) -> PodguardError:

@@ -35,8 +35,10 @@ class NodeStreams:
         self._followers: dict[int, LogFollower] = {}
         self._generation: dict[int, int] = {}
 
-    def open(self, member: Member, *, since: str | None, tail: int | None, source: str | None) -> None:
-        """Start following `member`'s log (closing the stream it had, if any)."""
+    def open(
+        self, member: Member, *, since: str | None, tail: int | None, source: str | None, last_event_id: str = ""
+    ) -> None:
+        """Start following `member`'s log (closing the stream it had, if any), after `last_event_id` if given."""
         rank = member.rank if member.rank is not None else -1
         self.close_node(rank)
         generation = self._generation.get(rank, 0) + 1
@@ -50,6 +52,7 @@ class NodeStreams:
             backoff_s=self._tuning.backoff_s,
             backoff_cap_s=self._tuning.backoff_cap_s,
             sink=lambda item: self._queue.put((rank, generation, item)),
+            last_event_id=last_event_id,
         )
         self._followers[rank] = follower
         follower.start()

@@ -1,0 +1,209 @@
+"""What the keeper does next, from the pod's (or cluster's) status and podguard's own lines: pure, no I/O.
+
+    view = JobView()
+    view.take(0, read_line(line), now=time.monotonic())     # each decisive line, per node (rank; a pod is 0)
+    decision = decide(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED, None)}), view, now=..., ...)
+    decision.act, decision.reason                           # Act.START, "EXITED without an outcome"
+
+The contract (PRODUCT.md, "Keeping a job alive from outside"): an outcome in the lines is respected (success,
+a billing guard, the job's own failure); otherwise what broke is recovered: EXITED -> start; ERROR, gone, a
+node lost, RUNNING without a runtime and silent for the silence window, a preflight that did not pass on
+SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A cluster is never started, only
+replaced whole. Decisions taken from the status alone are marked `settle`: the caller first reads what is still
+in flight on the log stream (an END line printed just before the pod stopped), then decides again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from podguard.durations import format_duration
+from podguard.errors import ExitCode
+from podguard.pods.keeper.lines import Cue, CueKind
+from podguard.pods.model import PodStatus
+
+__all__ = ["SICK_STARTS", "Act", "Decision", "JobView", "NodeState", "NodeView", "Observed", "Outcome", "decide"]
+
+SICK_STARTS = 3  # a preflight that did not pass on this many starts in a row: the machine, not the job
+
+
+class Act(StrEnum):
+    WAIT = "wait"
+    START = "start"
+    REPLACE = "replace"
+    FINISH = "finish"
+
+
+class Outcome(StrEnum):
+    SUCCESS = "success"  # stop the pod (delete the cluster), exit 0
+    GUARD = "guard"  # an in-pod billing guard ended it: nothing restarted, exit 124
+    FAILED = "failed"  # the job's own failure on a healthy pod: stop it, exit the job's code
+
+
+@dataclass
+class NodeView:
+    """What one node's lines said since the keeper watches it."""
+
+    streak: int = 0  # preflight verdicts other than PASS in a row
+    passed: bool = False  # the newest verdict was PASS
+    gpu_fault: bool = False  # an END gpu-fault: the machine failed the job
+
+
+@dataclass
+class JobView:
+    """What the lines of every node said: the outcome once known, and what points at a sick machine."""
+
+    nodes: dict[int, NodeView] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    code: int = 0
+    detail: str = ""
+    guard_seen: bool = False  # a guard line: the pod will stop (or the cluster go) because of it
+    primary: int = 0  # the node whose END success is the job's (a cluster's node 0)
+
+    def node(self, rank: int) -> NodeView:
+        return self.nodes.setdefault(rank, NodeView())
+
+    def take(self, rank: int, cue: Cue) -> str | None:
+        """Apply one cue; return what it means in words when it is worth an event, else None."""
+        node = self.node(rank)
+        if cue.kind is CueKind.VERDICT:
+            node.passed = cue.word == "PASS"
+            node.streak = 0 if node.passed else node.streak + 1
+            if node.passed:
+                return "preflight PASS: the job runs"
+            return f"preflight {cue.word} ({node.streak} start(s) in a row)"
+        if cue.kind is CueKind.RESTART:
+            return f"in-pod restart {cue.word} (the job relaunches itself; not the end)"
+        if cue.kind is CueKind.GUARD:
+            self.guard_seen = True
+            return f"billing guard {cue.word} fired in the pod"
+        assert cue.kind is CueKind.END and cue.code is not None
+        return self._end(rank, node, cue.word, cue.code, cue.line)
+
+    def _end(self, rank: int, node: NodeView, kind: str, code: int, line: str) -> str | None:
+        if self.outcome is not None:
+            return None  # the first outcome stands
+        if kind == "signal":
+            return f"the job was ended from outside (exit {code}): not an outcome"
+        if kind == "guard":
+            self.guard_seen = True
+            self._set(Outcome.GUARD, ExitCode.BILLING_GUARD, line)
+            return "END guard: a billing guard ended the job"
+        if kind == "gpu-fault":
+            node.gpu_fault = True
+            return f"a GPU fault ended the job (exit {code}): the machine, not the job"
+        if kind == "preflight":
+            if code == ExitCode.USAGE:  # the pod's own configuration is refused: no machine would run it
+                self._set(Outcome.FAILED, code, line)
+                return f"the pod refuses its own configuration (exit {code})"
+            return None  # a sick machine: its verdict line counted already
+        if kind == "success":
+            if rank != self.primary:
+                return None  # a cluster's job ends on node 0
+            self._set(Outcome.SUCCESS, ExitCode.OK, line)
+            return "END success: the job is over"
+        self._set(Outcome.FAILED, code, line)  # failed | hung: the job's own
+        return f"END {kind} (exit {code}): the job's own failure, after its in-pod restarts"
+
+    def _set(self, outcome: Outcome, code: int, line: str) -> None:
+        self.outcome, self.code, self.detail = outcome, int(code), line
+
+    def after_recovery(self, *, replaced: bool) -> None:
+        """A start keeps counting a sick machine's starts; a replacement is a new machine."""
+        self.guard_seen = False
+        for node in self.nodes.values():
+            node.gpu_fault = False
+            node.passed = False
+            if replaced:
+                node.streak = 0
+
+
+@dataclass(frozen=True)
+class NodeState:
+    status: PodStatus | None  # None: the node's pod is gone
+    has_runtime: bool | None = None  # None: not known (not listed this time)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One status read: the pod's (a cluster's aggregate) status, None when it is gone; what is known per node."""
+
+    status: PodStatus | None
+    nodes: Mapping[int, NodeState] = field(default_factory=dict)
+    cluster: bool = False
+    lost: tuple[int, ...] = ()  # a cluster's nodes that left RUNNING or are gone (from a member listing)
+
+
+@dataclass(frozen=True)
+class Decision:
+    act: Act
+    reason: str = ""
+    settle: bool = False  # taken from the status alone: read the stream's last lines, then decide again
+
+
+_STOPPED = (PodStatus.EXITED, PodStatus.ERROR, PodStatus.TERMINATED)
+
+
+def decide(
+    observed: Observed, view: JobView, *, now: float, quiet_since: Mapping[int, float], silence_s: float
+) -> Decision:
+    """The next step (see the module docstring); `quiet_since` is each node's last log line (monotonic)."""
+    if view.outcome is not None:
+        return Decision(Act.FINISH, view.outcome.value)
+    faulted = sorted(r for r, n in view.nodes.items() if n.gpu_fault)
+    if faulted:
+        return Decision(Act.REPLACE, f"a GPU fault ended the job on {_named(faulted, observed)}")
+    sick = sorted(r for r, n in view.nodes.items() if n.streak >= SICK_STARTS)
+    if sick:
+        return Decision(
+            Act.REPLACE, f"the preflight did not pass on {SICK_STARTS} starts in a row on {_named(sick, observed)}"
+        )
+    if observed.status is None or observed.status is PodStatus.TERMINATED:
+        if view.guard_seen:
+            return Decision(Act.FINISH, Outcome.GUARD.value, settle=True)
+        return Decision(Act.REPLACE, "it is gone (no longer in the API)", settle=True)
+    if observed.cluster and (observed.lost or observed.status in _STOPPED):
+        if view.guard_seen:
+            return Decision(Act.FINISH, Outcome.GUARD.value, settle=True)
+        lost = _lost_nodes(observed)
+        return Decision(Act.REPLACE, f"{lost} left RUNNING: a cluster is replaced whole", settle=True)
+    if observed.status is PodStatus.EXITED:
+        if view.guard_seen:
+            return Decision(Act.FINISH, Outcome.GUARD.value, settle=True)
+        return Decision(Act.START, "EXITED without an outcome (maintenance, an outage or a stop)", settle=True)
+    if observed.status is PodStatus.ERROR:
+        if view.guard_seen:
+            return Decision(Act.FINISH, Outcome.GUARD.value, settle=True)
+        return Decision(Act.REPLACE, "in ERROR", settle=True)
+    silent = sorted(
+        rank
+        for rank, node in observed.nodes.items()
+        if node.status is PodStatus.RUNNING
+        and node.has_runtime is False
+        and now - quiet_since.get(rank, now) >= silence_s
+    )
+    if silent:
+        return Decision(
+            Act.REPLACE,
+            f"RUNNING with no runtime and no log line for {format_duration(silence_s)} on "
+            f"{_named(silent, observed)} (its host is lost)",
+        )
+    return Decision(Act.WAIT)
+
+
+def _named(ranks: list[int], observed: Observed) -> str:
+    if not observed.cluster:
+        return "the pod"
+    return ", ".join(f"node{r}" for r in ranks)
+
+
+def _lost_nodes(observed: Observed) -> str:
+    if observed.lost:
+        states = ", ".join(
+            f"node{r} ({observed.nodes[r].status or 'gone'})" if r in observed.nodes else f"node{r} (gone)"
+            for r in observed.lost
+        )
+        return states
+    return f"a node ({observed.status})"

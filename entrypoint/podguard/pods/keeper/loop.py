@@ -1,0 +1,448 @@
+"""The keeper's loop: `pod up`, then one status request per poll and one log stream per node, until the job is over.
+
+    code = Keeper(target, store, options, events, spec=spec).run()
+
+Each poll reads the status once; between polls the loop waits on the log streams, so a decisive line (an END
+line, a verdict, the guard line) is acted on as it arrives. decide.py says what to do; this module does it,
+records each step in the state file *before* it is requested (a keeper killed mid-step resumes it, never
+repeats it), and tells each event (events.py). Transient API failures that outlast `--retry-for` do not end an
+overnight keeper: it says so once and tries again at the next poll. See docs/running-pods.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from podguard.errors import ExitCode
+from podguard.pods.errors import ApiError, ApiErrorKind
+from podguard.pods.keeper.decide import Act, Decision, JobView, Observed, Outcome, decide
+from podguard.pods.keeper.events import Events
+from podguard.pods.keeper.lines import read_line
+from podguard.pods.keeper.record import KeepState, KeepStore
+from podguard.pods.keeper.target import Target
+from podguard.pods.model import LogEvent, PodStatus
+from podguard.pods.spec import PodSpec
+
+__all__ = ["KeepOptions", "KeepResult", "Keeper"]
+
+_TRANSIENT = (ApiErrorKind.TRANSIENT, ApiErrorKind.RATE_LIMITED)
+
+
+@dataclass(frozen=True)
+class KeepOptions:
+    poll_s: float = 30.0  # one status request per poll
+    max_recoveries: int = 5
+    silence_s: float = 900.0  # RUNNING, no runtime, no log line this long: the host is lost
+    settle_s: float = 3.0  # before acting on a status alone: read what is still in flight on the stream
+    recovery_poll_s: float = 5.0  # while a recovered pod comes up: polls at most this far apart
+    capacity_wait_s: float = 30.0  # the first wait for capacity; doubles up to the cap
+    capacity_wait_cap_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class KeepResult:
+    code: int
+    outcome: str  # success | guard | failed | gave-up | refused | interrupted
+    message: str
+    state: KeepState
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGHUP end the keeper like Ctrl-C: the pod is left as it is, the state stays resumable."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Keeper:
+    def __init__(
+        self, target: Target, store: KeepStore, options: KeepOptions, events: Events, *, spec: PodSpec
+    ) -> None:
+        self.target, self.store, self.options, self.events, self.spec = target, store, options, events, spec
+        self.view = JobView()
+        self.state = KeepState(name=spec.name, kind=target.kind)
+        self.quiet_since: dict[int, float] = {}
+        self.observed = Observed(PodStatus.PROVISIONING, cluster=target.kind == "cluster")
+        self._incident: float | None = None  # when the recovery under way was decided (time.time())
+        self._capacity_tries = 0
+        self._outage = False
+        self._fast_until = 0.0  # after a recovery: poll at most recovery_poll_s apart until the pod runs
+
+    # -- the whole run -------------------------------------------------------------------------------------
+    def run(self) -> KeepResult:
+        try:
+            with _signals_raise():
+                return self._begin() or self._loop()
+        except (KeyboardInterrupt, Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            self.store.save(self.state)
+            text = (
+                f"keeper ended by {signal.Signals(signum).name}: {self.target.describe()} is left as it is; "
+                "`podguard pod keep` again resumes where this one left off"
+            )
+            self.events.say("interrupted", text)
+            return KeepResult(128 + signum, "interrupted", text, self.state)
+        finally:
+            self.target.close()
+
+    def _begin(self) -> KeepResult | None:
+        """Resume what the state file says is kept, else do what `pod up` does (without its wait)."""
+        saved = self.store.load()
+        if saved is not None and not saved.done and saved.kind == self.target.kind:
+            self.state = saved
+            self.state.pid = os.getpid()
+            self._restore_view()
+            self.events.say(
+                "resume",
+                f"resuming (recoveries so far: {self.state.recoveries} of at most {self.options.max_recoveries})",
+            )
+            if self.state.phase == "replacing":
+                self._finish_replacement(resumed=True)
+            elif self.target.adopt():
+                same = "the one kept before" if self.target.target_id == saved.target_id else "a new one"
+                self.events.note(f"{self.target.describe()} exists ({same})")
+            else:
+                self.events.note(f"no {self.target.kind} named {self.spec.name} exists now")
+            self._remember_target()
+            return None
+        self.state = KeepState(name=self.spec.name, kind=self.target.kind, pid=os.getpid())
+        self.store.save(self.state)
+        self.events.say("begin", f"keeping {self.target.kind} {self.spec.name}: `pod up`, then watching it")
+        while True:
+            try:
+                action = self.target.up(self.events.note)
+                break
+            except ApiError as exc:
+                if exc.kind is not ApiErrorKind.NO_CAPACITY:
+                    raise
+                if self.target.adopt():  # it exists: its host is full on start
+                    self._remember_target()
+                    reason = f"its host has no free GPUs to start it ({exc.detail or exc.message})"
+                    return self._recover(Decision(Act.REPLACE, reason))
+                self._wait_for_capacity(exc)
+        self._capacity_tries = 0
+        self.events.say("up", f"{self.target.describe()}: {action} (as `pod up` does)", target=self.target.target_id)
+        self._remember_target()
+        return None
+
+    def _restore_view(self) -> None:
+        for rank, streak in self.state.streaks.items():
+            self.view.node(int(rank)).streak = streak
+        self.view.primary = 0
+
+    def _remember_target(self) -> None:
+        self.state.target_id = self.target.target_id
+        self.store.save(self.state)
+
+    # -- watching ------------------------------------------------------------------------------------------
+    def _loop(self) -> KeepResult:
+        next_poll = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_poll:
+                result = self._poll_and_act()
+                if result is not None:
+                    return result
+                next_poll = time.monotonic() + self._poll_interval()
+                continue
+            got = self.target.streams.get(next_poll - now)
+            if got is None:
+                continue
+            rank, item = got
+            if isinstance(item, ApiError):
+                self._stream_failed(rank, item)
+                continue
+            if self._take(rank, item):
+                result = self._act(self._decide())
+                if result is not None:
+                    return result
+
+    def _poll_interval(self) -> float:
+        """`--poll`; right after a recovery, until the pod runs again, at most `recovery_poll_s`."""
+        if time.monotonic() < self._fast_until and self.observed.status is not PodStatus.RUNNING:
+            return min(self.options.poll_s, self.options.recovery_poll_s)
+        return self.options.poll_s
+
+    def _poll_and_act(self) -> KeepResult | None:
+        if self.state.phase == "replacing":  # a replacement that an API outage interrupted: finish it first
+            try:
+                self._finish_replacement(resumed=True)
+            except ApiError as exc:
+                if exc.kind not in _TRANSIENT:
+                    raise
+                self._api_outage(exc)
+                return None
+        silent = {r for r, t in self.quiet_since.items() if time.monotonic() - t >= self.options.silence_s}
+        try:
+            observed = self._observe(silent)
+        except ApiError as exc:
+            if exc.kind not in _TRANSIENT:
+                raise
+            self._api_outage(exc)
+            return None
+        if self._outage:
+            self._outage = False
+            self.events.say("api", "the API answers again")
+        self.observed = observed
+        now = time.monotonic()
+        for rank in observed.nodes:
+            self.quiet_since.setdefault(rank, now)
+        self._show(observed)
+        self.store.save(self.state)
+        decision = self._decide()
+        if decision.settle and decision.act is not Act.WAIT:
+            self._drain(self.options.settle_s)
+            decision = self._decide()
+        return self._act(decision)
+
+    def _observe(self, silent: set[int]) -> Observed:
+        if not self.target.target_id:
+            return Observed(None, cluster=self.target.kind == "cluster")
+        return self.target.poll(self.state, silent)
+
+    def _decide(self) -> Decision:
+        return decide(
+            self.observed,
+            self.view,
+            now=time.monotonic(),
+            quiet_since=self.quiet_since,
+            silence_s=self.options.silence_s,
+        )
+
+    def _drain(self, seconds: float) -> None:
+        """Read what the streams still hold for `seconds` (lines printed just before a pod stopped)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            got = self.target.streams.get(left)
+            if got is None:
+                return
+            rank, item = got
+            if isinstance(item, ApiError):
+                self._stream_failed(rank, item)
+            elif self._take(rank, item) and self.view.outcome is not None:
+                return
+
+    def _take(self, rank: int, event: LogEvent) -> bool:
+        """One log line of node `rank`: remember where the stream is; True when it was a decisive line."""
+        self.quiet_since[rank] = time.monotonic()
+        mark = self.state.nodes.get(str(rank))
+        if mark is not None and event.id:
+            mark.last_event_id = event.id
+        cue = read_line(event.line)
+        if cue is None:
+            return False
+        text = self.view.take(rank, cue)
+        self.state.streaks = {str(r): n.streak for r, n in self.view.nodes.items()}
+        if text is not None:
+            where = f"node{rank}: " if self.target.kind == "cluster" else ""
+            fields: dict[str, object] = {"line": cue.line, "rank": rank, "target": self.target.target_id}
+            if cue.word == "PASS" and self._incident is not None:
+                fields["after_s"] = round(time.time() - self._incident, 3)
+                self._incident = None
+            self.events.say(cue.kind.value, where + text, **fields)
+        self.store.save(self.state)
+        return True
+
+    def _stream_failed(self, rank: int, error: ApiError) -> None:
+        if error.kind in (ApiErrorKind.AUTH, ApiErrorKind.NO_BALANCE, ApiErrorKind.FORBIDDEN):
+            raise error
+        self.target.stream_lost(rank)
+        self.events.note(f"the log stream of node{rank} ended ({error.message}); reopened at the next poll")
+
+    def _api_outage(self, exc: ApiError) -> None:
+        if not self._outage:
+            self._outage = True
+            self.events.say("api", f"the API does not answer ({exc.message}); trying again every poll")
+
+    def _show(self, observed: Observed) -> None:
+        status = "gone" if observed.status is None else str(observed.status)
+        job = "job running" if any(n.passed for n in self.view.nodes.values()) else "waiting for the preflight"
+        if observed.status is not PodStatus.RUNNING:
+            job = ""
+        text = f"{self.target.describe()}: {status}" + (f", {job}" if job else "")
+        text += f", recoveries {self.state.recoveries}/{self.options.max_recoveries}"
+        quiet = [time.monotonic() - t for t in self.quiet_since.values()]
+        live = f"last line {min(quiet):.0f}s ago" if quiet else ""
+        self.events.watching(text, live)
+
+    # -- acting --------------------------------------------------------------------------------------------
+    def _act(self, decision: Decision) -> KeepResult | None:
+        if decision.act is Act.WAIT:
+            return None
+        if decision.act is Act.FINISH:
+            return self._finish(Outcome(decision.reason))
+        try:
+            return self._recover(decision)
+        except ApiError as exc:
+            if exc.kind not in _TRANSIENT:
+                raise
+            self._api_outage(exc)
+            return None
+
+    def _recover(self, decision: Decision) -> KeepResult | None:
+        if decision.act is Act.REPLACE and not (self.spec.volume is not None and self.spec.volume.network):
+            return self._refuse(decision.reason)
+        if self.state.recoveries >= self.options.max_recoveries:
+            return self._give_up(decision.reason)
+        self.state.recoveries += 1
+        self._incident = time.time()
+        number = f"recovery {self.state.recoveries} of {self.options.max_recoveries}"
+        if decision.act is Act.START:
+            self.store.save(self.state)
+            self.events.say(
+                "recovery",
+                f"{self.target.describe()}: {decision.reason}: starting it ({number})",
+                notify=True,
+                action="start",
+                target=self.target.target_id,
+            )
+            try:
+                self.target.start()
+            except ApiError as exc:
+                if exc.kind is ApiErrorKind.TRANSIENT:
+                    self.state.recoveries -= 1  # not started: the next poll decides again
+                    self.store.save(self.state)
+                    raise
+                if exc.kind is not ApiErrorKind.NO_CAPACITY:
+                    raise
+                reason = f"its start was refused, the host has no free GPUs ({exc.detail or exc.message})"
+                return self._replace(reason, number)
+            self.view.after_recovery(replaced=False)
+            self._after_recovery()
+            return None
+        return self._replace(decision.reason, number)
+
+    def _replace(self, reason: str, number: str) -> KeepResult | None:
+        self.state.phase = "replacing"
+        self.store.save(self.state)  # recorded before it is requested: a keeper killed now finishes it
+        volume = self.spec.volume.volume_id if self.spec.volume is not None else ""
+        self.events.say(
+            "recovery",
+            f"{self.target.describe()}: {reason}: replacing it ({number}): a new {self.target.kind} of the same "
+            f"name from the spec, with network volume {volume}",
+            notify=True,
+            action="replace",
+            target=self.target.target_id,
+        )
+        self._finish_replacement(resumed=False)
+        return None
+
+    def _finish_replacement(self, *, resumed: bool) -> None:
+        """Remove the old pod (cluster) if it is still there, then create the new one, waiting for capacity.
+
+        Resumed after a kill: a pod of the name other than the one being replaced is the replacement (the
+        keeper was killed after its create): it is adopted, never made twice. Within one run a lost create
+        answer is looked up by name (placement.py)."""
+        old = self.state.target_id
+        if resumed and self.target.adopt() and self.target.target_id != old:
+            found = self.target.describe()
+            self.events.say("replaced", f"the replacement exists: {found}", target=self.target.target_id)
+        else:
+            if self.target.target_id:
+                self.target.remove()
+                self.events.note(
+                    f"{self.target.kind} {old} terminated" if self.target.kind == "pod" else f"cluster {old} deleted"
+                )
+            self.state.target_id = ""
+            self.store.save(self.state)
+            while True:
+                try:
+                    self.target.create(self.events.note, self.state.data_center or None)
+                    break
+                except ApiError as exc:
+                    if exc.kind is not ApiErrorKind.NO_CAPACITY:
+                        raise
+                    self._wait_for_capacity(exc)
+            self._capacity_tries = 0
+            self.events.say(
+                "replaced",
+                f"created {self.target.describe()} in place of {old or 'the lost one'}",
+                target=self.target.target_id,
+            )
+        self.state.phase = "watching"
+        self.state.nodes = {}
+        self.state.target_id = self.target.target_id
+        self.view.after_recovery(replaced=True)
+        self.state.streaks = {}
+        self._after_recovery()
+
+    def _after_recovery(self) -> None:
+        self.quiet_since = {}
+        self.observed = Observed(PodStatus.PROVISIONING, cluster=self.target.kind == "cluster")
+        self._fast_until = time.monotonic() + max(self.options.silence_s, 600.0)
+        self.store.save(self.state)
+
+    def _wait_for_capacity(self, exc: ApiError) -> None:
+        """No capacity anywhere the spec allows: wait (announced), doubling the wait up to its cap."""
+        self._capacity_tries += 1
+        tries = self._capacity_tries
+        wait = min(self.options.capacity_wait_s * 2 ** (tries - 1), self.options.capacity_wait_cap_s)
+        self.events.say(
+            "capacity",
+            f"no capacity for {self.spec.name} ({exc.message}); trying again in {wait:g} s (try {tries})",
+            notify=tries == 1,
+            wait_s=wait,
+        )
+        time.sleep(wait)
+
+    # -- endings -------------------------------------------------------------------------------------------
+    def _finish(self, outcome: Outcome) -> KeepResult:
+        code = self.view.code
+        why = {
+            Outcome.SUCCESS: "the job succeeded",
+            Outcome.GUARD: "a billing guard ended the job",
+            Outcome.FAILED: f"the job failed with exit {code}",
+        }[outcome]
+        if outcome is Outcome.GUARD:
+            code = ExitCode.BILLING_GUARD
+        self._done(outcome.value, code)
+        done = self.target.stop(why=why)
+        text = f"{why}: {done}" + (f" (after {self.state.recoveries} recovery(ies))" if self.state.recoveries else "")
+        self.events.say("end", text, notify=True, outcome=outcome.value, code=code, line=self.view.detail)
+        return KeepResult(code, outcome.value, text, self.state)
+
+    def _give_up(self, reason: str) -> KeepResult:
+        self._done("gave-up", ExitCode.GPUS_BUSY)
+        done = self.target.stop(why="the keeper gave up")
+        text = (
+            f"{reason}, but {self.state.recoveries} recovery(ies) were made already (--max-recoveries "
+            f"{self.options.max_recoveries}): giving up; {done}"
+        )
+        self.events.say("gave-up", text, notify=True, code=int(ExitCode.GPUS_BUSY))
+        return KeepResult(ExitCode.GPUS_BUSY, "gave-up", text, self.state)
+
+    def _refuse(self, reason: str) -> KeepResult:
+        self._done("refused", ExitCode.GPUS_MISSING)
+        left = "it is left as it is (deleting it would lose its data)"
+        if self.target.kind == "pod" and self.target.target_id:
+            left = self.target.stop(why="it cannot be replaced without losing its data")
+        text = (
+            f"{self.target.describe()}: {reason}: it needs a replacement, but a replacement would lose the pod's data: "
+            "the spec has no [network_volume] (a network volume keeps /workspace across machines; add one, e.g. "
+            f'[network_volume] id = "..." path = "/workspace"); not replacing; {left}'
+        )
+        self.events.say("refused", text, notify=True, code=int(ExitCode.GPUS_MISSING))
+        return KeepResult(ExitCode.GPUS_MISSING, "refused", text, self.state)
+
+    def _done(self, outcome: str, code: int) -> None:
+        self.state.phase, self.state.outcome, self.state.code = "done", outcome, int(code)
+        self.store.save(self.state)

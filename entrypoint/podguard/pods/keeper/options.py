@@ -1,0 +1,60 @@
+"""`pod keep`'s options, checked before any request (64 naming the value and what is valid).
+
+    options = keep_options(poll=30, max_recoveries=5)      # plus the tuning knobs from the environment
+
+The knobs below are for tests and tuning, not user options: PODGUARD_KEEP_SILENCE_S (the 15-minute silence
+that marks a lost host), PODGUARD_KEEP_SETTLE_S, PODGUARD_KEEP_RECOVERY_POLL_S, PODGUARD_KEEP_CAPACITY_WAIT_S
+and PODGUARD_KEEP_CAPACITY_WAIT_CAP_S (see docs/running-pods.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+
+from podguard.errors import UsageError
+from podguard.pods.keeper.loop import KeepOptions
+
+__all__ = ["KNOBS", "check_key_secret", "keep_options"]
+
+KNOBS = {
+    "silence_s": "PODGUARD_KEEP_SILENCE_S",
+    "settle_s": "PODGUARD_KEEP_SETTLE_S",
+    "recovery_poll_s": "PODGUARD_KEEP_RECOVERY_POLL_S",
+    "capacity_wait_s": "PODGUARD_KEEP_CAPACITY_WAIT_S",
+    "capacity_wait_cap_s": "PODGUARD_KEEP_CAPACITY_WAIT_CAP_S",
+}
+_SECRET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def keep_options(*, poll: float, max_recoveries: int, env: Mapping[str, str] | None = None) -> KeepOptions:
+    env = os.environ if env is None else env
+    if not (math.isfinite(poll) and poll > 0):
+        raise UsageError(f"--poll {poll:g} is not valid; expected seconds > 0 (default 30)")
+    if max_recoveries < 0:
+        raise UsageError(f"--max-recoveries {max_recoveries} is not valid; expected a whole number >= 0 (default 5)")
+    knobs: dict[str, float] = {}
+    for field, variable in KNOBS.items():
+        raw = env.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UsageError(f"{variable}={raw!r} is not valid; expected seconds > 0") from None
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{variable}={raw} is not valid; expected seconds > 0")
+        knobs[field] = value
+    return KeepOptions(poll_s=poll, max_recoveries=max_recoveries, **knobs)
+
+
+def check_key_secret(name: str) -> str:
+    """A RunPod secret's name: letters, digits, `_` and `-` (the keeper pod's key is `{{ RUNPOD_SECRET_<name> }}`)."""
+    if not _SECRET_NAME.match(name):
+        raise UsageError(
+            f"--key-secret {name!r} is not valid; expected the name of a RunPod secret (letters, digits, _ and -, "
+            "at most 64), e.g. runpod_api_key"
+        )
+    return name

@@ -1,0 +1,170 @@
+"""The keeper's memory in the state dir: what it keeps and where it stands, and a record of every event.
+
+    store = KeepStore.open("llm-train")            # <state dir>/keep/llm-train.json (+ .events.jsonl, .lock)
+    state = store.load()                           # None: nothing kept under this name yet
+    store.save(state)                              # atomic, owner-only
+    store.event("recovery", "EXITED without an outcome: starting it", pod="abc123")
+
+A keeper killed and started again picks up from the state file: the pod or cluster it keeps, the recoveries
+so far, and per node the start it follows and the last log event it read (the stream resumes after it with
+`Last-Event-ID`). The lock makes one keeper per name on this machine (a killed keeper's lock goes with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podguard.errors import PodguardError, UsageError
+from podguard.locks import NoFlock, open_lock, try_flock
+from podguard.redact import redact_text
+from podguard.state import state_dir, subdir, write_private
+
+__all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "safe_name"]
+
+STATE_VERSION = 1
+
+
+def iso_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def safe_name(name: str) -> str:
+    """A file name for a pod name (RunPod names may hold spaces and slashes)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "pod"
+    if cleaned != name:
+        import hashlib
+
+        cleaned += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return cleaned[:200]
+
+
+@dataclass
+class NodeMark:
+    """Where one node's log was read up to: its pod, the start followed, the last event id."""
+
+    pod_id: str
+    started_at: str | None = None
+    last_event_id: str = ""
+
+
+@dataclass
+class KeepState:
+    name: str
+    kind: str  # pod | cluster
+    target_id: str = ""  # the pod's or cluster's id ("" while there is none: a replacement is being made)
+    recoveries: int = 0
+    phase: str = "watching"  # watching | replacing | done
+    outcome: str = ""  # success | guard | failed | gave-up | refused | down ("" while not done)
+    code: int | None = None
+    streaks: dict[str, int] = field(default_factory=dict)  # rank -> preflight verdicts other than PASS in a row
+    nodes: dict[str, NodeMark] = field(default_factory=dict)  # rank -> where its log was read up to
+    data_center: str = ""  # where the kept pod (cluster) last ran: a network volume pins its replacement there
+    pid: int = 0  # the keeper process (a live one holds the lock)
+    keeper_pod: str = ""  # set inside a deployed keeper: its own pod's name
+    version: int = STATE_VERSION
+    updated: str = field(default_factory=iso_now)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KeepState:
+        nodes = {str(k): NodeMark(**v) for k, v in (data.get("nodes") or {}).items()}
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "nodes"}
+        return cls(**known, nodes=nodes)
+
+
+class KeepStore:
+    """The files of one kept name under `<state dir>/keep/`."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.name = name
+        base = folder / safe_name(name)
+        self.state_path = base.with_name(base.name + ".json")
+        self.events_path = base.with_name(base.name + ".events.jsonl")
+        self.lock_path = base.with_name(base.name + ".lock")
+        self._lock_fd: int | None = None
+
+    @classmethod
+    def open(cls, name: str) -> KeepStore:
+        return cls(subdir(state_dir(), "keep"), name)
+
+    # -- the state ---------------------------------------------------------------------------------------
+    def load(self) -> KeepState | None:
+        try:
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{self.state_path} cannot be read ({exc}); move it away to start afresh") from None
+        try:
+            return KeepState.from_json(data)
+        except TypeError as exc:
+            raise UsageError(f"{self.state_path} is not a keeper state ({exc}); move it away to start afresh") from None
+
+    def save(self, state: KeepState) -> None:
+        state.updated = iso_now()
+        write_private(self.state_path, json.dumps(state.to_json(), indent=2))
+
+    # -- events ------------------------------------------------------------------------------------------
+    def event(self, kind: str, text: str, **fields: Any) -> dict[str, Any]:
+        """Append one event (a JSON line); best effort: a full disk must not stop the keeper."""
+        entry = {"at": iso_now(), "t": round(time.time(), 3), "name": self.name, "event": kind, "text": text}
+        entry.update({k: v for k, v in fields.items() if v is not None})
+        line = redact_text(json.dumps(entry, default=str))
+        with contextlib.suppress(OSError):
+            fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+        return entry
+
+    # -- one keeper per name -----------------------------------------------------------------------------
+    def lock(self) -> bool:
+        """Take the keeper lock of this name; False when another live keeper holds it."""
+        fd = open_lock(self.lock_path)
+        try:
+            got = try_flock(fd)
+        except NoFlock:
+            got = True  # a filesystem without flock: one keeper per name is then the user's to keep
+        if not got:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def holder(self) -> int | None:
+        """The pid of a live keeper of this name on this machine, else None."""
+        if not self.lock_path.exists():
+            return None
+        fd = open_lock(self.lock_path)
+        try:
+            free = try_flock(fd)
+        except (NoFlock, OSError):
+            free = True
+        finally:
+            os.close(fd)
+        if free:
+            return None
+        try:
+            state = self.load()
+        except PodguardError:
+            return None
+        return state.pid if state is not None and state.pid else None
