@@ -576,3 +576,15 @@ def test_inside_a_keeper_pod_the_spec_comes_from_its_environment_and_the_pod_end
     code, _, err = finish(inside)
     assert code == 0, err
     assert standin.world.pods[keeper_id].status == "TERMINATED"  # its work done, the keeper pod ended itself
+
+
+def test_a_full_host_without_a_network_volume_is_69_and_nothing_is_made(standin, bare_spec, tmp_path):  # noqa: F811
+    proc = keep(bare_spec)
+    passes(tmp_path)
+    pod = live_pod(standin.world)
+    standin.world.host_full_on_start = True
+    maintenance(standin.world, pod)
+    code, _, err = finish(proc)
+    assert code == 69, err
+    assert "[network_volume]" in err and len(creates(standin)) == 1 and pod.status == "EXITED"
+    assert state(tmp_path)["recoveries"] == 0

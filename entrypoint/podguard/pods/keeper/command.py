@@ -123,6 +123,7 @@ def _keep_here(
     *,
     deployed: bool,
 ) -> int:
+    from podguard.pods.auth import load_api_key
     from podguard.pods.keeper.deploy import end_own_pod, keeper_name
     from podguard.pods.keeper.events import Events
     from podguard.pods.keeper.loop import Keeper
@@ -130,6 +131,8 @@ def _keep_here(
     from podguard.pods.keeper.record import KeepStore
     from podguard.pods.placement import pods_named
 
+    client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
+    scrub = load_api_key().scrub
     store = KeepStore.open(spec.name)
     if not store.lock():
         pid = store.holder()
@@ -138,11 +141,8 @@ def _keep_here(
             + (f" (pid {pid})" if pid else "")
             + "; one keeper per pod"
         )
-    from podguard.pods.auth import load_api_key
-
-    client = open_client(spec)
-    notifier = Notifier(notify, scrub=load_api_key().scrub, warn=_say) if notify else None
-    events = Events(spec.name, store, notifier=notifier)
+    notifier = Notifier(notify, scrub=scrub, warn=_say) if notify else None
+    events = Events(spec.name, store, notifier=notifier, scrub=scrub)
     try:
         saved = store.load()
         if deployed and saved is not None and saved.done:

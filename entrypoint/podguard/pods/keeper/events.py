@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from podguard.pods.keeper.notify import Notifier
@@ -24,9 +25,16 @@ __all__ = ["Events"]
 
 class Events:
     def __init__(
-        self, name: str, store: KeepStore, *, notifier: Notifier | None = None, out: TextIO | None = None
+        self,
+        name: str,
+        store: KeepStore,
+        *,
+        notifier: Notifier | None = None,
+        out: TextIO | None = None,
+        scrub: Callable[[str], str] = lambda text: text,
     ) -> None:
         self.name = name
+        self._scrub = scrub  # the API key out of anything shown or kept (a pod's line may echo it)
         self.store = store
         self.notifier = notifier
         self._out = out if out is not None else sys.stderr
@@ -38,9 +46,12 @@ class Events:
     def say(self, kind: str, text: str, *, notify: bool = False, **fields: Any) -> dict[str, Any]:
         """One event: the terminal line, the record, and (notify) the webhook."""
         self._end_line()
+        text = self._scrub(text)
         line = redact_text(f"keep {self.name}: {text}")
         print(f"podguard: {line}", file=self._out, flush=True)
-        entry = self.store.event(kind, text, **fields)
+        entry = self.store.event(
+            kind, text, **{k: self._scrub(v) if isinstance(v, str) else v for k, v in fields.items()}
+        )
         if notify and self.notifier is not None:
             self.notifier.send(f"podguard {line}")
         return entry
@@ -48,12 +59,12 @@ class Events:
     def note(self, text: str) -> None:
         """A line for the terminal only (steps of an action already recorded as an event)."""
         self._end_line()
-        print(f"podguard: keep {self.name}: {redact_text(text)}", file=self._out, flush=True)
+        print(f"podguard: keep {self.name}: {redact_text(self._scrub(text))}", file=self._out, flush=True)
 
     def watching(self, text: str, live: str = "") -> None:
         """Progress while nothing happens: rewritten in place on a terminal (with `live`, e.g. "last line 4s
         ago"); in a log only when `text` changes."""
-        shown = f"podguard: keep {self.name}: {redact_text(text)}"
+        shown = f"podguard: keep {self.name}: {redact_text(self._scrub(text))}"
         if self._tty:
             elapsed = time.monotonic() - self.started
             extra = f", {live}" if live else ""

@@ -31,6 +31,7 @@ from podguard.pods.spec import PodSpec
 __all__ = ["KeepOptions", "KeepResult", "Keeper"]
 
 _TRANSIENT = (ApiErrorKind.TRANSIENT, ApiErrorKind.RATE_LIMITED)
+FAST_WINDOW_S = 1800.0  # after `pod up` or a recovery: the faster polls last until it runs, at most this long
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class Keeper:
 
     def _begin(self) -> KeepResult | None:
         """Resume what the state file says is kept, else do what `pod up` does (without its wait)."""
+        self._fast_until = time.monotonic() + FAST_WINDOW_S  # until it runs, poll as `pod up` does
         saved = self.store.load()
         if saved is not None and not saved.done and saved.kind == self.target.kind:
             self.state = saved
@@ -175,9 +177,10 @@ class Keeper:
                 result = self._act(self._decide())
                 if result is not None:
                     return result
+                next_poll = min(next_poll, time.monotonic() + self._poll_interval())  # a recovery polls sooner
 
     def _poll_interval(self) -> float:
-        """`--poll`; right after a recovery, until the pod runs again, at most `recovery_poll_s`."""
+        """`--poll`; after `pod up` or a recovery, until the pod runs, at most `recovery_poll_s`."""
         if time.monotonic() < self._fast_until and self.observed.status is not PodStatus.RUNNING:
             return min(self.options.poll_s, self.options.recovery_poll_s)
         return self.options.poll_s
@@ -299,7 +302,7 @@ class Keeper:
             return None
 
     def _recover(self, decision: Decision) -> KeepResult | None:
-        if decision.act is Act.REPLACE and not (self.spec.volume is not None and self.spec.volume.network):
+        if decision.act is Act.REPLACE and not self._can_replace():
             return self._refuse(decision.reason)
         if self.state.recoveries >= self.options.max_recoveries:
             return self._give_up(decision.reason)
@@ -325,11 +328,18 @@ class Keeper:
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:
                     raise
                 reason = f"its start was refused, the host has no free GPUs ({exc.detail or exc.message})"
+                if not self._can_replace():
+                    self.state.recoveries -= 1  # nothing was started or replaced
+                    return self._refuse(reason)
                 return self._replace(reason, number)
             self.view.after_recovery(replaced=False)
             self._after_recovery()
             return None
         return self._replace(decision.reason, number)
+
+    def _can_replace(self) -> bool:
+        """Only with a network volume: a replacement elsewhere would lose what is on the pod's own disk."""
+        return self.spec.volume is not None and self.spec.volume.network
 
     def _replace(self, reason: str, number: str) -> KeepResult | None:
         self.state.phase = "replacing"
@@ -388,7 +398,7 @@ class Keeper:
     def _after_recovery(self) -> None:
         self.quiet_since = {}
         self.observed = Observed(PodStatus.PROVISIONING, cluster=self.target.kind == "cluster")
-        self._fast_until = time.monotonic() + max(self.options.silence_s, 600.0)
+        self._fast_until = time.monotonic() + FAST_WINDOW_S
         self.store.save(self.state)
 
     def _wait_for_capacity(self, exc: ApiError) -> None:

@@ -1,0 +1,120 @@
+"""The keeper's reading of podguard's lines and its decision table (pure: no process, no HTTP)."""
+
+from __future__ import annotations
+
+import pytest
+
+from podguard.job.final import end_line, restart_line
+from podguard.pods.keeper.decide import Act, JobView, NodeState, Observed, Outcome, decide
+from podguard.pods.keeper.lines import CueKind, read_line
+from podguard.pods.model import PodStatus
+
+RUNNING = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True)})
+
+
+def seen(*lines: str, rank: int = 0, view: JobView | None = None) -> JobView:
+    view = view or JobView()
+    for line in lines:
+        cue = read_line(line)
+        assert cue is not None, line
+        view.take(rank, cue)
+    return view
+
+
+def act(observed: Observed, view: JobView, *, quiet_for: float = 0.0, silence_s: float = 900.0) -> Act:
+    quiet = {r: 1000.0 - quiet_for for r in observed.nodes}
+    return decide(observed, view, now=1000.0, quiet_since=quiet, silence_s=silence_s).act
+
+
+def test_the_lines_are_read_as_job_final_writes_them():
+    end = read_line(end_line("train", "failed", 3, 2, "worker 0 exited 3"))
+    assert end is not None and (end.kind, end.word, end.code) == (CueKind.END, "failed", 3)
+    restart = read_line(restart_line("run", 1, 3, 1.0, "crash (exit 1)", 1))
+    assert restart is not None and (restart.kind, restart.word) == (CueKind.RESTART, "1 of 3")
+    verdict = read_line("podguard train: UNHEALTHY on 8 GPU(s) in 1311 ms")
+    assert verdict is not None and (verdict.kind, verdict.word) == (CueKind.VERDICT, "UNHEALTHY")
+    guard = read_line("podguard: billing guard --max-cost: spent $150.00 (limit $150); stopping 8 worker(s)")
+    assert guard is not None and (guard.kind, guard.word) == (CueKind.GUARD, "--max-cost")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 10: podguard train: END success exit 0 after 1 attempt(s)",  # not at the start: the job's own text
+        "podguard train: END sucess exit 0 after 1 attempt(s)",  # not a kind
+        "podguard: cleanup: no process holds the selected GPUs",
+        "podguard train: PASSED",
+        "",
+    ],
+)
+def test_other_lines_are_not_cues(line):
+    assert read_line(line) is None
+
+
+def test_outcomes_success_guard_failure_and_what_is_not_one():
+    assert seen("podguard train: END success exit 0 after 1 attempt(s)").outcome is Outcome.SUCCESS
+    assert seen("podguard run: END guard exit 124 after 1 attempt(s): --idle-stop").outcome is Outcome.GUARD
+    hung = seen("podguard train: END hung exit 79 after 3 attempt(s)")
+    assert (hung.outcome, hung.code) == (Outcome.FAILED, 79)
+    assert seen("podguard train: END signal exit 143 after 1 attempt(s)").outcome is None
+    assert seen("podguard train: END preflight exit 76 after 1 attempt(s)").outcome is None
+    assert seen("podguard train: END preflight exit 64 after 1 attempt(s)").outcome is Outcome.FAILED
+    fault = seen("podguard train: END gpu-fault exit 76 after 1 attempt(s)")
+    assert fault.outcome is None and act(RUNNING, fault) is Act.REPLACE
+
+
+def test_the_first_outcome_stands():
+    view = seen(
+        "podguard train: END failed exit 2 after 1 attempt(s)", "podguard train: END success exit 0 after 1 attempt(s)"
+    )
+    assert (view.outcome, view.code) == (Outcome.FAILED, 2)
+
+
+def test_status_decisions():
+    view = JobView()
+    assert act(RUNNING, view) is Act.WAIT
+    assert act(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED)}), view) is Act.START
+    assert act(Observed(PodStatus.ERROR, {0: NodeState(PodStatus.ERROR)}), view) is Act.REPLACE
+    assert act(Observed(None, {0: NodeState(None)}), view) is Act.REPLACE
+    assert act(Observed(PodStatus.PROVISIONING, {0: NodeState(PodStatus.PROVISIONING)}), view) is Act.WAIT
+    lost = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, False)})
+    assert act(lost, view, quiet_for=899) is Act.WAIT
+    assert act(lost, view, quiet_for=900) is Act.REPLACE
+    assert act(RUNNING, view, quiet_for=10_000) is Act.WAIT  # a quiet job on a live host is left alone
+
+
+def test_after_a_guard_line_a_stopped_or_gone_pod_is_the_guard_not_a_recovery():
+    view = seen("podguard: billing guard --idle-stop: every GPU at or below 5 % utilisation for 30m")
+    for observed in (Observed(PodStatus.EXITED), Observed(PodStatus.ERROR), Observed(None)):
+        decision = decide(observed, view, now=0.0, quiet_since={}, silence_s=900)
+        assert (decision.act, decision.reason) == (Act.FINISH, "guard")
+
+
+def test_three_failed_preflights_in_a_row_replace_a_pass_resets_the_count():
+    unhealthy = "podguard train: UNHEALTHY on 2 GPU(s) in 1311 ms"
+    passed = "podguard train: PASS on 2 GPU(s) in 842 ms"
+    assert act(RUNNING, seen(unhealthy, unhealthy)) is Act.WAIT
+    assert act(RUNNING, seen(unhealthy, unhealthy, passed, unhealthy)) is Act.WAIT
+    view = seen(unhealthy, "podguard train: FAIL on 2 GPU(s)", "podguard train: BUSY on 2 GPU(s)")
+    assert act(RUNNING, view) is Act.REPLACE
+    view.after_recovery(replaced=False)  # a start is the same machine: it keeps counting
+    assert act(RUNNING, view) is Act.REPLACE
+    view.after_recovery(replaced=True)
+    assert act(RUNNING, view) is Act.WAIT
+
+
+def test_a_cluster_ends_on_node_0s_success_and_any_nodes_failure():
+    cluster = Observed(
+        PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING), 1: NodeState(PodStatus.RUNNING)}, cluster=True
+    )
+    view = seen("podguard train: END success exit 0 after 1 attempt(s)", rank=1)
+    assert act(cluster, view) is Act.WAIT
+    seen("podguard train: END success exit 0 after 1 attempt(s)", rank=0, view=view)
+    assert view.outcome is Outcome.SUCCESS
+    failed = seen("podguard train: END failed exit 1 after 1 attempt(s)", rank=3)
+    assert (failed.outcome, failed.code) == (Outcome.FAILED, 1)
+    lost = Observed(PodStatus.ERROR, {0: NodeState(PodStatus.RUNNING), 1: NodeState(PodStatus.ERROR)}, True, (1,))
+    decision = decide(lost, JobView(), now=0.0, quiet_since={}, silence_s=900)
+    assert decision.act is Act.REPLACE and "node1 (ERROR)" in decision.reason
+    exited = Observed(PodStatus.EXITED, {1: NodeState(PodStatus.EXITED)}, True, (1,))
+    assert act(exited, JobView()) is Act.REPLACE  # a cluster is never started, only replaced whole
