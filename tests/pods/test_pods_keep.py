@@ -588,3 +588,24 @@ def test_a_full_host_without_a_network_volume_is_69_and_nothing_is_made(standin,
     assert code == 69, err
     assert "[network_volume]" in err and len(creates(standin)) == 1 and pod.status == "EXITED"
     assert state(tmp_path)["recoveries"] == 0
+
+
+def test_a_cluster_node_whose_host_is_lost_recreates_the_cluster(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)
+    proc = keep(spec)
+    passes(tmp_path, 2, name="ring")
+    (first,) = world.clusters.values()
+    node0, node1 = (world.pods[m] for m in first.members)
+    world.lose_host(node1.id)  # RUNNING on paper: only the member listing shows its missing runtime
+    stop = time.monotonic() + 2.5
+    while time.monotonic() < stop:  # node 0's job keeps talking: only node 1 is silent
+        world.emit(node0.id, "step")
+        time.sleep(0.1)
+    passes(tmp_path, 4, name="ring")
+    (second,) = world.clusters.values()
+    assert second.id != first.id
+    recovery = wait_event(tmp_path, "recovery", name="ring")[0]["text"]
+    assert "no runtime and no log line" in recovery and "node1" in recovery and "node0" not in recovery
+    say_end(world, world.pods[second.members[0]], "success", 0)
+    assert finish(proc)[0] == 0

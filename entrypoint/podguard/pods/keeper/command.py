@@ -21,6 +21,10 @@ from podguard.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
+    from podguard.pods.keeper.events import Events
+    from podguard.pods.keeper.loop import KeepOptions, KeepResult
+    from podguard.pods.keeper.record import KeepStore
+    from podguard.pods.keeper.target import Target
     from podguard.pods.spec import PodSpec
 
 __all__ = ["KeepRequest", "keep"]
@@ -117,7 +121,7 @@ def _deploy(request: KeepRequest, spec: PodSpec, spec_text: bytes, secret: str, 
 def _keep_here(
     request: KeepRequest,
     spec: PodSpec,
-    options: Any,
+    options: KeepOptions,
     notify: str | None,
     open_client: Callable[[PodSpec], PodApi],
     *,
@@ -168,7 +172,7 @@ def _keep_here(
         store.unlock()
 
 
-def _notes(spec: PodSpec, events: Any) -> None:
+def _notes(spec: PodSpec, events: Events) -> None:
     if spec.volume is None or not spec.volume.network:
         events.note(
             "note: the spec has no [network_volume]: a stopped pod is started again, but a replacement (host lost, "
@@ -176,7 +180,7 @@ def _notes(spec: PodSpec, events: Any) -> None:
         )
 
 
-def _target(client: PodApi, spec: PodSpec, options: Any) -> Any:
+def _target(client: PodApi, spec: PodSpec, options: KeepOptions) -> Target:
     from podguard.pods.keeper.target import ClusterTarget, PodTarget
     from podguard.pods.tuning import Tuning
 
@@ -188,7 +192,7 @@ def _target(client: PodApi, spec: PodSpec, options: Any) -> Any:
     return PodTarget(client, spec, tuning)
 
 
-def _summary(request: KeepRequest, spec: PodSpec, result: Any, store: Any) -> None:
+def _summary(request: KeepRequest, spec: PodSpec, result: KeepResult, store: KeepStore) -> None:
     state = result.state
     if request.as_json:
         _emit(
