@@ -20,6 +20,7 @@ BENCHES = [
     "bench_gpu_watch.py",
     "bench_stacks.py",
     "bench_watch.py",
+    "bench_keep.py",
 ]
 
 
