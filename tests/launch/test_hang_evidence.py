@@ -40,7 +40,7 @@ from podguard.launch.watch.stacks import (
     hang_summary,
     is_user_file,
 )
-from podguard.procfs import read_stat
+from podguard.procfs import children_of, read_stat
 
 JOB = Path(__file__).with_name("hang_evidence_job.py")
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -83,9 +83,22 @@ def _running(argvs: list[list[str]], envs: list[dict[str, str]]) -> Iterator[lis
         yield procs
     finally:
         for p in procs:
+            tree = _descendants(p.pid)  # torchrun starts its ranks in sessions of their own: killpg misses them
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             p.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _not_stopped(pid: int) -> bool:
