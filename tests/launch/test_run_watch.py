@@ -102,9 +102,9 @@ def test_a_rank_stuck_while_the_others_wait_in_all_reduce_is_79_with_both_stacks
 
 def test_a_steady_job_is_never_called_hung(node, tmp_path):
     job = script(
-        tmp_path, "steady.py", "import time\nfor i in range(12):\n    print('step', i, flush=True); time.sleep(0.5)\n"
+        tmp_path, "steady.py", "import time\nfor i in range(10):\n    print('step', i, flush=True); time.sleep(0.3)\n"
     )
-    proc = pg(node, ["run", "--hang-timeout", "2", "--", sys.executable, job])
+    proc = pg(node, ["run", "--hang-timeout", "1.5", "--", sys.executable, job])  # 3 s, a line every 0.3 s
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "HUNG" not in said(proc) and end_line(said(proc)).startswith("podguard run: END success exit 0")
 
@@ -177,7 +177,7 @@ def test_a_half_speed_rank_is_named_slow(node, tmp_path):
         from podguard.rank import heartbeat
         rank = int(os.environ["LOCAL_RANK"])
         period = 0.1 if rank == 2 else 0.05
-        end = time.monotonic() + 8
+        end = time.monotonic() + 5
         step = 0
         while time.monotonic() < end:
             heartbeat(step); step += 1; time.sleep(period)
