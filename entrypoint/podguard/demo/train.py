@@ -18,7 +18,16 @@ from typing import Any, NoReturn
 
 from podguard.demo import require_torch
 from podguard.errors import ExitCode, PodguardError, UsageError
-from podguard.rank import NanGuard, NonFiniteError, RankContext, build_config, init_rank, log_memory, serialized
+from podguard.rank import (
+    NanGuard,
+    NonFiniteError,
+    RankContext,
+    build_config,
+    heartbeat,
+    init_rank,
+    log_memory,
+    serialized,
+)
 from podguard.rank._env import current_rank, emit
 from podguard.rank.config import NAN_POLICIES, PRESETS, TrainConfig
 
@@ -231,6 +240,7 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
         if guard.check(step, loss.detach(), grad_norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # always: a skipped step's gradients must not leak into the next
+        heartbeat(step)  # per-rank progress for podguard's hang watch (a memory store; a no-op outside podguard)
         if step % config.log_every == 0 or step == config.steps:
             last_loss = float(loss.item())
             elapsed = time.monotonic() - train_started
