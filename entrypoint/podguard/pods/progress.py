@@ -26,7 +26,7 @@ class Progress:
         self._quiet = quiet
         self._tty = bool(getattr(self._out, "isatty", lambda: False)())
         self._started = time.monotonic()
-        self._last: tuple[str, str] | None = None
+        self._last: object = None
         self._open_line = False
 
     def say(self, text: str) -> None:
@@ -40,15 +40,22 @@ class Progress:
         """The pod's status: printed when it changes (rewritten in place on a terminal)."""
         if self._quiet:
             return
-        key = (pod.id, str(pod.status))
         elapsed = time.monotonic() - self._started
-        text = f"podguard: pod {pod.name} ({pod.id}): {pod.status}, {elapsed:.0f}s"
+        self.live((pod.id, str(pod.status)), f"podguard: pod {pod.name} ({pod.id}): {pod.status}, {elapsed:.0f}s")
+
+    def live(self, key: object, line: str, *, on_terminal: str | None = None) -> None:
+        """A line that stands for "still waiting": rewritten in place on a terminal (as `on_terminal` where
+        given, e.g. with a clock), printed in a log only when `key` changes."""
         if self._tty:
-            print(f"\r\x1b[K{text}", end="", file=self._out, flush=True)
+            print(f"\r\x1b[K{on_terminal or line}", end="", file=self._out, flush=True)
             self._open_line = True
         elif key != self._last:
-            print(text, file=self._out, flush=True)
+            print(line, file=self._out, flush=True)
         self._last = key
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
 
     def _end_line(self) -> None:
         if self._open_line:
