@@ -14,11 +14,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-PODGUARD = [sys.executable, "-m", "podguard"]
+from jobproc import PODGUARD, run_podguard, script
 
 
 @pytest.fixture
@@ -27,18 +26,7 @@ def node(cli_node):
 
 
 def pg(node, args, *, env=None, timeout=90.0, cpu=False):
-    full = {**node.env, **(env or {})}
-    if cpu:
-        full["LD_LIBRARY_PATH"] = ""
-    return subprocess.run(
-        [*PODGUARD, *args], env=full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
-
-
-def script(tmp_path: Path, name: str, body: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
+    return run_podguard(node, args, env=env, timeout=timeout, cpu=cpu)
 
 
 def test_per_gpu_first_failure_stops_the_rest_and_its_code_comes_out(node, tmp_path):

@@ -9,15 +9,14 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from fakenvml import scenario as sc
+from jobproc import PODGUARD, run_podguard, script
 
-PODGUARD = [sys.executable, "-m", "podguard"]
 pytestmark = pytest.mark.slow
 
 
@@ -27,18 +26,7 @@ def node(cli_node):
 
 
 def pg(node, args, *, env=None, timeout=120.0, cpu=True):
-    full = {**node.env, **(env or {})}
-    if cpu:
-        full["LD_LIBRARY_PATH"] = ""  # no driver: CPU workers
-    return subprocess.run(
-        [*PODGUARD, *args], env=full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
-
-
-def script(tmp_path: Path, name: str, body: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
+    return run_podguard(node, args, env=env, timeout=timeout, cpu=cpu)
 
 
 def runs(tmp_path: Path) -> list[Path]:
