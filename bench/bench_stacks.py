@@ -266,7 +266,7 @@ def wait_watchdog_dump(flight: Path, earlier: list[Path], wait_s: float) -> dict
         changed = [p.name for p in flight.glob("nccl_trace_rank_*") if before.get(p) != p.stat().st_mtime_ns]
         if changed:
             return {"rewritten": changed, "after_s": round(wait_s - (deadline - time.monotonic()), 1)}
-        time.sleep(1)
+        time.sleep(0.2)
     return {"rewritten": [], "waited_s": wait_s}
 
 

@@ -176,6 +176,9 @@ def test_a_half_speed_rank_is_named_slow(node, tmp_path):
     slow = [ln for ln in said(proc).splitlines() if "is slow:" in ln]
     assert slow and all("rank 2" in ln for ln in slow), proc.stderr[-2000:]
     assert "stragglers: rank 2" in said(proc)
+    (run,) = runs(tmp_path)
+    record = json.loads((run / "watch.json").read_text())
+    assert [s["rank"] for s in record["stragglers"]] == [2] and record["progressed"]
 
 
 # --- GPU faults (the fake NVML node) ------------------------------------------------------------------------

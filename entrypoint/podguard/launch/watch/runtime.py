@@ -126,6 +126,7 @@ class RuntimeWatch:
             self._gpu_watch.close()
         if self._evidence is not None:
             self._evidence.join(EVIDENCE_TIMEOUT_S)
+        _write_json(self.run_dir / "watch.json", self.record())  # the run's record: hang, faults, stragglers
 
     # -- the loop -------------------------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -266,7 +267,7 @@ class RuntimeWatch:
         return replace(outcome, exit_code=int(code), detail=detail)
 
     def record(self) -> dict[str, Any]:
-        """What the run's outcome record keeps of this watch."""
+        """What this watch saw, as `<run>/watch.json` keeps it."""
         return {
             "hang": self.hang.to_dict() if self.hang else None,
             "hang_summary": self.hang_lines,
