@@ -1,14 +1,15 @@
 """The GPU path inside the container, with the tests' fake NVML where the NVIDIA toolkit would mount the
 driver's libnvidia-ml.so.1 and the fake device files at /dev/nvidia*: `podguard cleanup` run through
 `docker exec` stops a holder inside the container, and the image's own HEALTHCHECK command passes while the
-container's training job holds its GPU and fails when that GPU is lost."""
+container's training job holds its GPU; when that GPU is lost the job's run-time watch ends the container with 76
+and the HEALTHCHECK command fails with 76 too."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from imagetools import docker, fake_gpu_args, holder_command, proc_table, wait_for
+from imagetools import docker, fake_gpu_args, holder_command, logs, proc_table, wait_exited, wait_for
 
 from fakenvml import lost_gpu
 
@@ -48,7 +49,9 @@ def test_cleanup_via_docker_exec_stops_a_holder_in_the_container(container, nvml
     assert not any(p == pid for p, *_ in proc_table(cid)), "the holder is still running"
 
 
-def test_healthcheck_passes_while_the_job_trains_and_fails_on_a_lost_gpu(any_container, nvml_node, any_image) -> None:
+def test_healthcheck_passes_while_the_job_trains_and_a_lost_gpu_ends_the_job_and_fails_the_check(
+    any_container, nvml_node, any_image
+) -> None:
     job = holder_command(0, 8192, "/tmp/job.ready")
     opts = [*fake_gpu_args(nvml_node), "-e", "PODGUARD_PROBE=off", "-e", "GPU_LIST=0"]
     cid = any_container("train", "--mode", "single", "--", *job, opts=opts)
@@ -59,6 +62,13 @@ def test_healthcheck_passes_while_the_job_trains_and_fails_on_a_lost_gpu(any_con
     healthy = docker("exec", cid, *check, timeout=60)
     assert healthy.returncode == 0, f"{check} exited {healthy.returncode}:\n{healthy.stdout}{healthy.stderr}"
 
+    # The run-time GPU watch ends the job itself (76, naming the GPU) within seconds: the container exits.
     nvml_node.write(lost_gpu(gpu=0))
-    lost = docker("exec", cid, *check, timeout=60)
+    assert wait_exited(cid, 60) == 76, logs(cid)
+    out = logs(cid)
+    assert "GPU 0" in out and "lost" in out, out
+
+    # The HEALTHCHECK command on its own fails on the lost GPU too (a container whose job is not podguard's).
+    idle = any_container("bash", "-c", "exec sleep 600", opts=opts)
+    lost = docker("exec", idle, *check, timeout=60)
     assert lost.returncode == 76, f"{check} exited {lost.returncode} on a lost GPU:\n{lost.stdout}{lost.stderr}"
