@@ -98,6 +98,7 @@ def test_hang_records_are_data():
         "silent_s": 2.5,
         "last": "none since launch 2.5s ago",
         "ranks": [],
+        "local_ranks": [],
         "text": "no progress for 2.5s (last progress: none since launch 2.5s ago)",
     }
 
@@ -220,5 +221,66 @@ def test_heartbeat_costs_microseconds(tmp_path: Path, monkeypatch: pytest.Monkey
     try:
         per_call = min(timeit.repeat(lambda: hb.heartbeat(1), number=20000, repeat=3)) / 20000
         assert per_call < 50e-6  # a loose bound for shared CI machines; bench/bench_watch.py measures it
+    finally:
+        hb._reset_for_tests()
+
+
+def test_a_rank_whose_process_ended_is_forgotten_not_hung():
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    watch.beats({**beat(0, 1, 1.0), **beat(1, 1, 1.0)}, 1.0)
+    watch.beats(beat(0, 2, 14.0), 14.0)  # rank 0 goes on; rank 1 beat once and finished its share (exited 0)
+    ended = {101}
+    assert watch.check(15.0, alive=lambda pid: pid not in ended) is None
+    assert 1 not in watch.rank_last
+    hang = ProgressWatch(10.0, None, started_at=0.0)
+    hang.beats({**beat(0, 1, 1.0), **beat(1, 1, 1.0)}, 1.0)
+    hang.beats(beat(0, 2, 14.0), 14.0)
+    found = hang.check(15.0, alive=lambda pid: True)  # still running, still silent: hung
+    assert found is not None and found.ranks == (1,)
+
+
+def test_hung_ranks_are_named_by_their_global_rank():
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    watch.beats({1: Beat(1, 1, 5, 1.0, 101, rank=9), 0: Beat(0, 1, 5, 1.0, 100, rank=8)}, 1.0)
+    watch.beats({0: Beat(0, 2, 6, 14.0, 100, rank=8)}, 14.0)
+    hang = watch.check(15.0)
+    assert hang is not None and hang.ranks == (9,) and hang.slots == (1,)
+    assert "rank(s) 9: no heartbeat" in hang.text and "heartbeat of rank 9 (step 5)" in hang.text
+
+
+def test_a_launcher_prefix_is_stripped_before_an_anchored_progress_pattern():
+    from podguard.launch.prefix import prefix_pattern
+
+    strip = prefix_pattern("rank{rank}:")
+    watch = ProgressWatch(10.0, re.compile(r"^step \d+"), started_at=0.0, strip=strip)
+    watch.line("torchrun", "rank3: loading shards", 4.0)
+    assert not watch.matched
+    watch.line("torchrun", "rank3: step 12 loss 2.0", 5.0)
+    assert watch.matched and watch.last_at == 5.0
+    plain = ProgressWatch(10.0, re.compile(r"^step \d+"), started_at=0.0, strip=strip)
+    plain.line("GPU0", "step 1", 2.0)  # a line without the prefix is matched as it is
+    assert plain.matched
+
+
+def test_nothing_seen_is_no_progress_whatever_the_duration():
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    assert not watch.seen
+    watch.line("GPU0", "hello", 1.0)
+    assert watch.seen
+
+
+def test_heartbeat_never_raises_and_records_the_global_rank(tmp_path, monkeypatch):
+    board = create_board(tmp_path / "board", 2)
+    monkeypatch.setenv("PODGUARD_HEARTBEAT_FILE", str(board))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "9")
+    hb._reset_for_tests()
+    try:
+        for bad in (2**64, -5, "abc", object(), 3.7):
+            hb.heartbeat(bad)  # type: ignore[arg-type]
+        beat = read_board(board)[1]
+        assert beat.count == 5 and beat.step == 3 and beat.rank == 9 and beat.label == 9  # 3.7 -> step 3
+        hb.heartbeat(41)
+        assert read_board(board)[1].step == 41
     finally:
         hb._reset_for_tests()

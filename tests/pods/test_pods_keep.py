@@ -609,3 +609,86 @@ def test_a_cluster_node_whose_host_is_lost_recreates_the_cluster(standin, tmp_pa
     assert "no runtime and no log line" in recovery and "node1" in recovery and "node0" not in recovery
     say_end(world, world.pods[second.members[0]], "success", 0)
     assert finish(proc)[0] == 0
+
+
+def test_keep_interrupted_before_its_first_pod_existed_makes_it_when_started_again(standin, bare_spec, tmp_path):  # noqa: F811
+    world = standin.world
+    with world.lock:
+        saved = dict(world.capacity)
+        world.capacity.update({k: -100 for k in world.capacity})  # no capacity for the first `pod up`
+    proc = keep(bare_spec)
+    wait_event(tmp_path, "capacity")
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 128 + signal.SIGTERM and not live_pods(world), err
+    with world.lock:
+        world.capacity.update(saved)
+    again = keep(bare_spec)  # no pod was ever made: nothing lost, no recovery, no refusal for the missing volume
+    passes(tmp_path)
+    say_end(world, live_pod(world), "success", 0)
+    code, _, err = finish(again)
+    assert code == 0, err
+    assert "was made before: `pod up` now" in err, err
+    assert len(live_pods(world)) == 1 and state(tmp_path)["recoveries"] == 0
+
+
+def test_a_cluster_nodes_failure_that_follows_a_lost_peer_recreates_the_cluster(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)
+    proc = keep(spec)
+    passes(tmp_path, 2, name="ring")
+    (first,) = world.clusters.values()
+    node0, node1 = (world.pods[m] for m in first.members)
+    world.lose_host(node1.id)  # node 1's host goes; node 0's job fails on its NCCL error within seconds
+    say_end(world, node0, "failed", 1, detail="rank 0 exited 1")
+    passes(tmp_path, 4, name="ring")
+    (second,) = world.clusters.values()
+    assert second.id != first.id
+    recovery = wait_event(tmp_path, "recovery", name="ring")[0]["text"]
+    assert "node1 was lost" in recovery, recovery
+    say_end(world, world.pods[second.members[0]], "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0, err
+
+
+def _inside_keeper(standin, spec, extra_env, before=lambda: None):  # noqa: F811
+    """Deploy a keeper pod, then (after `before()`) run `pod keep` the way its container would (RunPod filled in
+    the secret)."""
+    import os
+    import subprocess
+
+    from keep_support import KEEP_FAST
+    from pods_support import PODGUARD
+
+    keeper_id = json.loads(pg(["pod", "keep", "--spec", str(spec), "--deploy", "--json"]).stdout)["id"]
+    (body,) = creates(standin)
+    env = {k: v for k, v in body["env"].items() if k != "RUNPOD_API_KEY"}
+    env["RUNPOD_POD_ID"] = keeper_id
+    before()
+    proc = subprocess.run(
+        [*PODGUARD, "pod", "keep"],
+        env={**os.environ, **KEEP_FAST, **env, "PODGUARD_POLL": "0.1", **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return keeper_id, proc
+
+
+def test_a_keeper_pod_that_cannot_go_on_stops_itself_instead_of_crash_looping(standin, spec, tmp_path):  # noqa: F811
+    def refuse_creates() -> None:  # the account may not create the kept pod: no retry fixes that
+        standin.fault("POST", r"^/v2/pods$", "403", times=5)
+
+    keeper_id, proc = _inside_keeper(standin, spec, {"PODGUARD_KEEP_PARK_S": "30"}, refuse_creates)
+    assert proc.returncode == 77, proc.stderr
+    assert standin.world.pods[keeper_id].status == "EXITED", proc.stderr  # stopped: its logs still say why
+    assert "the keeper cannot go on" in proc.stderr and "waits" not in proc.stderr  # stopped: no wait needed
+
+
+def test_a_keeper_pod_whose_key_is_refused_waits_before_exiting(standin, spec, tmp_path):  # noqa: F811
+    started = time.monotonic()
+    keeper_id, proc = _inside_keeper(standin, spec, {"RUNPOD_API_KEY": "rpa_wrong", "PODGUARD_KEEP_PARK_S": "1.5"})
+    assert proc.returncode == 77, proc.stderr
+    assert standin.world.pods[keeper_id].status == "RUNNING"  # a refused key cannot stop anything
+    assert "cannot stop itself, so it waits 1.5 s before exiting" in proc.stderr
+    assert time.monotonic() - started >= 1.5 and "rpa_wrong" not in proc.stderr + proc.stdout

@@ -118,3 +118,36 @@ def test_a_cluster_ends_on_node_0s_success_and_any_nodes_failure():
     assert decision.act is Act.REPLACE and "node1 (ERROR)" in decision.reason
     exited = Observed(PodStatus.EXITED, {1: NodeState(PodStatus.EXITED)}, True, (1,))
     assert act(exited, JobView()) is Act.REPLACE  # a cluster is never started, only replaced whole
+
+
+def test_a_cluster_failure_after_a_lost_peer_is_a_replacement_not_the_jobs_failure():
+    failed = seen("podguard train: END failed exit 1 after 1 attempt(s)", rank=0)
+    healthy = Observed(
+        PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True), 1: NodeState(PodStatus.RUNNING, True)}, True
+    )
+    assert act(healthy, failed) is Act.FINISH
+    peer_lost = Observed(
+        PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True), 1: NodeState(PodStatus.RUNNING, False)}, True
+    )
+    decision = decide(peer_lost, failed, now=0.0, quiet_since={}, silence_s=900)
+    assert decision.act is Act.REPLACE and "node1 was lost" in decision.reason
+    both = seen("podguard train: END failed exit 1 after 1 attempt(s)", rank=1, view=failed)
+    assert act(peer_lost, both) is Act.FINISH  # node 1 printed its own end: it ran the job and failed with it
+    failed.after_recovery(replaced=True)
+    assert failed.outcome is None and not failed.ended
+
+
+def test_the_silence_rule_holds_for_graphql_statuses_of_a_pod_meant_to_run():
+    for status in (PodStatus.STARTING, PodStatus.PROVISIONING):
+        lost = Observed(status, {0: NodeState(status, False)})
+        assert act(lost, JobView(), quiet_for=900) is Act.REPLACE
+        assert act(Observed(status, {0: NodeState(status, None)}), JobView(), quiet_for=900) is Act.WAIT
+
+
+def test_graphql_pods_tell_whether_a_container_runs():
+    from podguard.pods.graphql_api import pod_from_graphql
+
+    base = {"id": "p1", "name": "x", "desiredStatus": "RUNNING", "machineId": "m1"}
+    assert pod_from_graphql({**base, "runtime": None}).has_runtime is False
+    assert pod_from_graphql({**base, "runtime": {"uptimeInSeconds": 5, "ports": []}}).has_runtime is True
+    assert pod_from_graphql(base).has_runtime is None

@@ -71,7 +71,7 @@ def run_attempt(
         ENV_RESTART_COUNT: str(attempt),
     }
     mode = _pick_mode(cfg, selection, say=attempt == 0)
-    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection), run_dir, say=_say)
+    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
     try:
@@ -104,7 +104,13 @@ def run_attempt(
         told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
         outcome = runtime.explain(told)
         record = lifecycle.record_outcome(
-            outcome, key=key, argv=cfg.job_argv, mode=mode, started_at=started, state=base
+            outcome,
+            key=key,
+            argv=cfg.job_argv,
+            mode=mode,
+            started_at=started,
+            state=base,
+            root_cause=runtime.root_cause(outcome),
         )
         _say(f"podguard: logs: {run_dir}")
         explained = outcome.detail if outcome.detail != told.detail else ""
@@ -114,8 +120,16 @@ def run_attempt(
             port_lease.release()
 
 
-def _runtime_settings(cfg: JobConfig, opts: PreflightOptions, selection: Selection) -> RuntimeSettings:
+def _runtime_settings(
+    cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode
+) -> RuntimeSettings:
     o = cfg.options
+    line_prefix = None
+    if mode is LaunchMode.TORCHRUN:  # the ranks' lines reach the watch through torchrun with the wrapper's prefix
+        from podguard.launch.prefix import prefix_pattern
+        from podguard.rank.wrap import DEFAULT_RANK_PREFIX
+
+        line_prefix = prefix_pattern(DEFAULT_RANK_PREFIX)
     return RuntimeSettings(
         hang_timeout_s=o.hang_timeout,
         progress=re.compile(o.progress) if o.progress else None,
@@ -123,6 +137,7 @@ def _runtime_settings(cfg: JobConfig, opts: PreflightOptions, selection: Selecti
         gpus=tuple((g.index, g.uuid) for g in dict.fromkeys(selection.gpus)),
         slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
         python=_job_python(cfg.argv),
+        line_prefix=line_prefix,
     )
 
 

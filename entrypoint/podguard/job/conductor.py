@@ -108,6 +108,7 @@ class Conductor:
         self.key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
         self.policy = RestartPolicy(cfg.options.restarts)
         self.lease: GpuLease | None = None
+        self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
         self.attempts = 0
         self.record: Callable[..., Path | None] | None = None
 
@@ -145,6 +146,9 @@ class Conductor:
             result = run_attempt(
                 self.cfg, self.opts, pre.selection, self.base, self.key, socket_env, self.guards, attempt=attempt
             )
+            for fault in result.runtime.faults:
+                if fault.fatal:
+                    self.faulted.setdefault(fault.uuid or f"index:{fault.index}", (fault.kind, fault.text))
             failure = self.failure_of(result)
             if failure is None:
                 return self.end(self.ending_of(result))
@@ -199,7 +203,9 @@ class Conductor:
         """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
         if attempt:
             _say(f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch")
-        pre = run_preflight(self.opts, validate_selection=_selection_check(self.cfg), held=self.lease)
+        pre = run_preflight(
+            self.opts, validate_selection=_selection_check(self.cfg), held=self.lease, faulted=self.faulted
+        )
         if pre.lease is not None:
             self.lease = pre.lease
         return pre
@@ -227,7 +233,8 @@ class Conductor:
         )
         if watch.hang is not None and result.code == ExitCode.HUNG:
             what = f"ranks {','.join(map(str, watch.hang.ranks))}" if watch.hang.ranks else "no progress"
-            return Failure(result.code, "hang", what, progressed)
+            # an attempt that hung before its first line or heartbeat made no progress, however long it ran
+            return Failure(result.code, "hang", what, progressed and progress.seen)
         fatal = [f for f in watch.faults if f.fatal]
         if fatal and result.code == ExitCode.GPU_UNHEALTHY:
             first = fatal[0]

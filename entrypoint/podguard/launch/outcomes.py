@@ -257,8 +257,10 @@ def record_outcome(
     started_at: float,
     ended_at: float | None = None,
     state: Path | None = None,
+    root_cause: str | None = None,
 ) -> Path | None:
-    """`record_run` for a supervised job's `JobOutcome`."""
+    """`record_run` for a supervised job's `JobOutcome`; `root_cause` overrides the failed worker's name (a GPU
+    fault the run-time watch found: "GPU 0 Xid 95")."""
     root = outcome.root_cause
     return record_run(
         key=key,
@@ -268,7 +270,7 @@ def record_outcome(
         started_at=started_at,
         ended_at=ended_at,
         detail=outcome.detail,
-        root_cause=root.name if root is not None else None,
+        root_cause=root_cause or (root.name if root is not None else None),
         signal_num=outcome.signal,
         state=state,
     )

@@ -5,6 +5,7 @@ check_format("GPU{gpu}:", PREFIX_FIELDS, "--prefix")     # UsageError (exit 64) 
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ __all__ = [
     "RANK_PREFIX_FIELDS",
     "ROLE_PREFIX_FIELDS",
     "check_format",
+    "prefix_pattern",
 ]
 
 DEFAULT_PREFIX = "GPU{gpu}:"
@@ -40,3 +42,15 @@ def check_format(fmt: str, fields: Sequence[str], what: str) -> None:
         fmt.format(**dict.fromkeys(fields, "0"))
     except (ValueError, IndexError, KeyError) as exc:
         raise UsageError(f"{what} {fmt!r} is not a valid format ({exc}); it may use {valid}") from None
+
+
+def prefix_pattern(fmt: str) -> re.Pattern[str]:
+    """A regex matching a line's prefix in format `fmt` (and one space after it) at the start of a line, any field
+    value standing for one word: `rank{rank}:` -> `^rank\\w+: ?`. The progress watch strips it before `--progress`
+    sees the line."""
+    parts = []
+    for literal, name, _, _ in string.Formatter().parse(fmt):
+        parts.append(re.escape(literal))
+        if name is not None:
+            parts.append(r"[\w.-]+")
+    return re.compile("^" + "".join(parts) + " ?")

@@ -62,7 +62,8 @@ class Controller:
 
 class Watch(Protocol):
     """Something that watches the job from the loop (the billing guards): timers set in `start`, `sup.fail()`
-    to end the job."""
+    to end the job. A watch may also have `cause_of_exit(worker_gpus, code) -> (code, text) | None`: asked when
+    a worker fails on its own, it names a root cause the worker's code cannot know (a fatal fault on its GPU)."""
 
     def start(self, sup: Supervisor) -> None: ...
 
@@ -343,11 +344,15 @@ class Supervisor:
         if failed and self._root is None and self._signal is None:
             self._root = worker.name
             label = worker.spec.label or worker.name
+            cause = self._cause_of_exit(worker, code)
             if worker.spec.service and code == 0:
                 self._root_code = ExitCode.FAILURE
                 self._root_detail = f"{label} (a service) exited with code 0 before the job finished"
             else:
                 self._root_detail = f"{label} {describe_exit(self._exit_record(worker))}"
+            if cause is not None:  # e.g. a fatal GPU fault on its GPU: the fault is the root cause, not the code
+                self._root_code, text = cause
+                self._root_detail = f"{text}; then {self._root_detail}"
             others = self._live_count()
             if self._fail_fast:  # (independent workers report their own failures: say nothing here)
                 if others:  # (a lone worker's end is told once, by the summary)
@@ -355,6 +360,15 @@ class Supervisor:
                     self.message(self._root_detail + stopping)
                 self.stop()
         self._controller.on_exit(self, worker)
+
+    def _cause_of_exit(self, worker: Worker, code: int) -> tuple[int, str] | None:
+        ask = getattr(self._watch, "cause_of_exit", None)
+        if ask is None:
+            return None
+        try:
+            return ask(tuple(worker.spec.gpus), code)
+        except Exception:  # a watch's error must never hide the worker's own exit
+            return None
 
     def _close_stream(self, stream: Stream) -> None:
         """EOF: unregister the fd first (its number may be reused at once), then flush and close."""

@@ -323,4 +323,5 @@ def pod_from_graphql(d: dict[str, Any]) -> Pod:
         disk_gb=d.get("containerDiskInGb"),
         volume=Volume(path=str(d.get("volumeMountPath") or "/workspace"), size_gb=volume_gb) if volume_gb else None,
         interruptible=str(d.get("podType", "")).upper() == "INTERRUPTABLE",
+        has_runtime=bool(d.get("runtime")) if "runtime" in d else None,  # null runtime: no container runs
     )

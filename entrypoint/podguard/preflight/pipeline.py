@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -56,15 +56,19 @@ def run_preflight(
     quiet: bool = False,
     validate_selection: Callable[[Selection], None] | None = None,
     held: GpuLease | None = None,
+    faulted: Mapping[str, tuple[str, str]] | None = None,
 ) -> PreflightResult:
     """Run the preflight and return its verdict. Never raises for expected failures: they become exit codes.
 
     `validate_selection` lets the caller reject its own configuration against the selection (a roles
     file asking for more GPUs than selected, say) before anything is leased or killed. `held`: the GPUs a
     restarted job already leases (`--restarts`): they are kept, not leased again, and never released here.
+    `faulted`: GPUs with a fatal fault during an earlier attempt (gate/stage.py `follow_faults`): unhealthy.
     """
     out = out if out is not None else sys.stderr
-    return Preflight(opts, backend_factory, out, quiet, validate_selection, held).run()
+    pre = Preflight(opts, backend_factory, out, quiet, validate_selection, held)
+    pre.faulted = dict(faulted or {})
+    return pre.run()
 
 
 class Preflight:
@@ -81,6 +85,7 @@ class Preflight:
     ) -> None:
         self.opts = opts
         self.held = held
+        self.faulted: dict[str, tuple[str, str]] = {}  # GPUs that faulted during an earlier attempt
         self.out = out
         self.quiet = quiet
         self.backend_factory = backend_factory
@@ -313,6 +318,7 @@ class Preflight:
                     backend, targets, self.opts, mig=mig, in_use=self.in_use, mark=self.timings.mark
                 )
             gate = stage.follow_cleanup(gate, self.idle_states)
+            gate = stage.follow_faults(gate, self.faulted)
         self.gate = gate
         self.timings.mark("gate", t)
         self.payload["gate"] = gate.to_dict()

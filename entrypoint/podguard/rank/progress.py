@@ -28,13 +28,15 @@ ENV_FILE = "PODGUARD_HEARTBEAT_FILE"
 ENV_SLOT = "PODGUARD_HEARTBEAT_SLOT"
 MAGIC = b"PGHB0001"
 HEADER = struct.Struct("<8sI")  # magic, slot count
-SLOT = struct.Struct("<QqdI")  # count, step (-1: none), time.monotonic() of the beat, pid
+SLOT = struct.Struct("<QqdIi")  # count, step (-1: none), time.monotonic() of the beat, pid, global rank + 1 (0: none)
 SLOT_SIZE = 32
 FIRST_SLOT = 64  # the header's cache line, then one 32-byte slot per rank
 
 _NO_BOARD = object()
 _board: object | tuple[mmap.mmap, int] | None = None  # None: not opened yet; _NO_BOARD: none for this process
 _count = 0
+_rank1 = 0  # this process's global RANK + 1 (0: none)
+_STEP_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,12 @@ class Beat:
     step: int | None
     at: float  # time.monotonic() of the beat (CLOCK_MONOTONIC is system-wide: comparable across processes)
     pid: int
+    rank: int | None = None  # the global RANK of the process that beat (None: not under torch's launcher)
+
+    @property
+    def label(self) -> int:
+        """The rank a person is told: the global rank where known, else the slot (the local rank)."""
+        return self.slot if self.rank is None else self.rank
 
 
 def create_board(path: Path, slots: int) -> Path:
@@ -67,16 +75,19 @@ def read_board(path: Path) -> dict[int, Beat]:
     _, slots = HEADER.unpack_from(data, 0)
     out: dict[int, Beat] = {}
     for slot in range(min(slots, (len(data) - FIRST_SLOT) // SLOT_SIZE)):
-        count, step, at, pid = SLOT.unpack_from(data, FIRST_SLOT + slot * SLOT_SIZE)
+        count, step, at, pid, rank1 = SLOT.unpack_from(data, FIRST_SLOT + slot * SLOT_SIZE)
         if count:
-            out[slot] = Beat(slot, count, None if step < 0 else step, at, pid)
+            out[slot] = Beat(slot, count, None if step < 0 else step, at, pid, rank1 - 1 if rank1 > 0 else None)
     return out
 
 
 def _open() -> object | tuple[mmap.mmap, int]:
+    global _rank1
     path = os.environ.get(ENV_FILE)
     if not path:
         return _NO_BOARD
+    rank = os.environ.get("RANK", "")
+    _rank1 = int(rank) + 1 if rank.isdigit() and int(rank) < 2**31 - 1 else 0
     raw = os.environ.get(ENV_SLOT) or os.environ.get("LOCAL_RANK") or "0"
     try:
         slot = int(raw)
@@ -101,10 +112,24 @@ def heartbeat(step: int | None = None) -> None:
         return
     mm, offset = board  # type: ignore[misc]
     _count += 1
-    value = -1 if step is None else int(step)
-    SLOT.pack_into(mm, offset, _count, value, time.monotonic(), os.getpid())
+    value = step if type(step) is int and 0 <= step <= _STEP_MAX else _step_number(step)
+    try:  # noqa: SIM105 (the hot path: a try costs nothing, contextlib.suppress an object per call)
+        SLOT.pack_into(mm, offset, _count, value, time.monotonic(), os.getpid() & 0xFFFFFFFF, _rank1)
+    except (ValueError, struct.error):  # the board was closed under us (interpreter shutdown): never raise
+        pass
+
+
+def _step_number(step: object) -> int:
+    """A step that is not a plain int in range (None, a numpy int, 3.0, "abc", 2**64): its number, or -1."""
+    if step is None:
+        return -1
+    try:
+        value = int(step)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):  # not a step number: counted as a beat without one
+        return -1
+    return value if 0 <= value <= _STEP_MAX else -1
 
 
 def _reset_for_tests() -> None:
-    global _board, _count
-    _board, _count = None, 0
+    global _board, _count, _rank1
+    _board, _count, _rank1 = None, 0, 0

@@ -22,6 +22,14 @@ class WatchGroup:
         for watch in self.watches:
             watch.start(sup)
 
+    def cause_of_exit(self, worker_gpus: tuple[int, ...], code: int) -> tuple[int, str] | None:
+        """The first watch that names a root cause for a worker's own failure (supervisor.Watch)."""
+        for watch in self.watches:
+            ask = getattr(watch, "cause_of_exit", None)
+            if ask is not None and (cause := ask(worker_gpus, code)) is not None:
+                return cause  # type: ignore[no-any-return]
+        return None
+
     def close(self) -> None:
         """Close every watch; the first error is raised once all are closed."""
         error: BaseException | None = None

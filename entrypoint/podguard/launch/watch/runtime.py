@@ -48,6 +48,7 @@ class RuntimeSettings:
     gpus: tuple[tuple[int, str | None], ...] = ()  # the selected GPUs, (NVML index, UUID); () = CPU only
     slot_gpus: Mapping[int, int] = field(default_factory=dict)  # heartbeat slot (local rank) -> NVML index
     python: str | None = None  # the job's interpreter, where its command names one (its torch arms the recorder)
+    line_prefix: re.Pattern[str] | None = None  # a launcher's prefix on the workers' lines (torchrun: `rank3: `)
     tick_s: float = TICK_S
 
 
@@ -71,7 +72,7 @@ class RuntimeWatch:
         self._gpu_watch_tried = False
         self._say = say or (lambda text: None)
         self.sup: Supervisor | None = None
-        self.progress = ProgressWatch(settings.hang_timeout_s, settings.progress, time.monotonic())
+        self.progress = self._progress_watch()
         self.rates = StepRates(settings.slow_ratio)
         self.hang: Hang | None = None
         self.hang_lines: list[str] = []
@@ -82,6 +83,10 @@ class RuntimeWatch:
         self.flight = False  # torch's flight recorder was armed for this attempt
         self.job_env: dict[str, str] = dict(os.environ)
         self.worker_gpus: dict[str, tuple[int, ...]] = {}
+
+    def _progress_watch(self) -> ProgressWatch:
+        st = self.settings
+        return ProgressWatch(st.hang_timeout_s, st.progress, time.monotonic(), strip=st.line_prefix)
 
     # -- before the launch --------------------------------------------------------------------------------
     def worker_env(self, slots: int) -> dict[str, str]:
@@ -103,7 +108,7 @@ class RuntimeWatch:
     # -- the supervisor's Watch protocol -----------------------------------------------------------------
     def start(self, sup: Supervisor) -> None:
         self.sup = sup
-        self.progress = ProgressWatch(self.settings.hang_timeout_s, self.settings.progress, time.monotonic())
+        self.progress = self._progress_watch()
         sup.printer.watch_all(self._line)
         self._open_gpu_watch()
         self._schedule()
@@ -148,17 +153,20 @@ class RuntimeWatch:
         for slow in self.rates.check(now):
             sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
-        if self.hang is None and not sup.stopping and (hang := self.progress.check(now)) is not None:
+        if self.hang is None and not sup.stopping and (hang := self.progress.check(now, alive=_pid_alive)) is not None:
             self._on_hang(hang)
         if not self._closed:
             self._schedule()
 
     def _rank(self, slot: int) -> str:
+        """'rank 9 (GPU 1)': the global rank where the heartbeat told it, the GPU of its local slot."""
         gpu = self.settings.slot_gpus.get(slot)
-        return f"rank {slot}" + (f" (GPU {gpu})" if gpu is not None else "")
+        return f"rank {self.progress.labels.get(slot, slot)}" + (f" (GPU {gpu})" if gpu is not None else "")
 
     # -- GPU faults -------------------------------------------------------------------------------------
-    def _poll_faults(self, final: bool = False) -> None:
+    def _poll_faults(self, final: bool = False, ending: bool = False) -> None:
+        """`final`: after the supervisor (print outside it); `ending`: a worker just failed (print, the
+        supervisor is ending the job anyway)."""
         if self._gpu_watch is None:
             return
         for fault in self._gpu_watch.poll():
@@ -168,11 +176,24 @@ class RuntimeWatch:
                 self._say(f"podguard: {'GPU FAULT' if fault.fatal else 'GPU event'}: {fault.text}")
                 continue
             if not fault.fatal:
-                self.sup.message(f"GPU event (application-level, not acted on): {fault.text}")
-            elif not self.sup.stopping:
+                self.sup.message(f"GPU event ({_kind_of(fault)}, not acted on): {fault.text}")
+            elif not self.sup.stopping and not ending:
                 self.sup.fail(None, ExitCode.GPU_UNHEALTHY, f"GPU FAULT: {fault.text}: ending the job")
             else:
                 self.sup.message(f"GPU FAULT: {fault.text}")
+
+    def cause_of_exit(self, worker_gpus: tuple[int, ...], code: int) -> tuple[int, str] | None:
+        """A worker failed on its own: a fatal fault on one of its GPUs (polled now, so that it is seen before
+        the supervisor tells the worker's end) is the root cause (supervisor.Watch)."""
+        if code == 0:
+            return None
+        self._poll_faults(ending=True)
+        fault = self.fault_of(worker_gpus)
+        return None if fault is None else (ExitCode.GPU_UNHEALTHY, f"GPU FAULT first: {fault.text}")
+
+    def fault_of(self, worker_gpus: Sequence[int]) -> GpuFault | None:
+        """The first fatal fault on one of `worker_gpus` (any selected GPU where the worker's are not known)."""
+        return next((f for f in self.faults if f.fatal and (not worker_gpus or f.index in worker_gpus)), None)
 
     def _write_faults(self) -> None:
         record = {"faults": [f.to_dict() for f in self.faults]}
@@ -249,15 +270,16 @@ class RuntimeWatch:
 
     # -- after the job --------------------------------------------------------------------------------------
     def explain(self, outcome: JobOutcome) -> JobOutcome:
-        """The outcome with this watch's root cause: a fatal GPU fault before a failure makes it 76 (the fault,
-        not the worker's own code); a hang is already 79. Stragglers join the detail."""
-        fatal = [f for f in self.faults if f.fatal]
+        """The outcome with this watch's root cause: a fatal GPU fault on the failed worker's GPU makes it 76 (the
+        fault, not the worker's own code; one seen only after the workers ended too); a hang is already 79.
+        Stragglers join the detail."""
         detail = outcome.detail
         code = outcome.exit_code
-        if fatal and code not in (0, ExitCode.HUNG) and outcome.signal is None:
-            first = fatal[0]
-            if code != ExitCode.GPU_UNHEALTHY:
-                detail = f"GPU FAULT first: {first.text}; then {detail}"
+        root = outcome.root_cause
+        gpus = self.worker_gpus_of(root.name) if root is not None else ()
+        fault = self.fault_of(gpus)
+        if fault is not None and code not in (0, ExitCode.HUNG, ExitCode.GPU_UNHEALTHY) and outcome.signal is None:
+            detail = f"GPU FAULT first: {fault.text}; then {detail}"
             code = ExitCode.GPU_UNHEALTHY
         if self.rates.named:
             slow = "; ".join(f"{self._rank(s.slot)} {s.text.removeprefix(f'rank {s.slot} ')}" for s in self.rates.named)
@@ -266,15 +288,52 @@ class RuntimeWatch:
             return outcome
         return replace(outcome, exit_code=int(code), detail=detail)
 
+    def root_cause(self, outcome: JobOutcome) -> str | None:
+        """What the job's record names as the root cause: the fatal GPU fault ("GPU 0 Xid 95"), where it ended
+        the job; None: the failed worker, as the supervisor said."""
+        if outcome.exit_code != ExitCode.GPU_UNHEALTHY:
+            return None
+        root = outcome.root_cause
+        fault = self.fault_of(self.worker_gpus_of(root.name) if root is not None else ())
+        if fault is None:
+            return None
+        what = f"Xid {fault.xid}" if fault.xid is not None else fault.kind
+        return f"GPU {fault.index} {what}" + (" (lost)" if fault.kind == "lost" and fault.xid is not None else "")
+
+    def worker_gpus_of(self, name: str) -> tuple[int, ...]:
+        sup = self.sup
+        if sup is not None and name in sup.workers:
+            return tuple(sup.workers[name].spec.gpus)
+        return self.worker_gpus.get(name, ())
+
     def record(self) -> dict[str, Any]:
         """What this watch saw, as `<run>/watch.json` keeps it."""
         return {
             "hang": self.hang.to_dict() if self.hang else None,
             "hang_summary": self.hang_lines,
             "gpu_faults": [f.to_dict() for f in self.faults],
-            "stragglers": [s.to_dict() for s in self.rates.named],
+            "stragglers": [
+                {**s.to_dict(), "rank": self.progress.labels.get(s.slot, s.slot), "local_rank": s.slot}
+                for s in self.rates.named
+            ],
             "progressed": self.progress.progressed,
         }
+
+
+def _pid_alive(pid: int) -> bool:
+    """A rank's process still runs (not gone, not a zombie); an unknown pid (0) counts as alive."""
+    if pid <= 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kind_of(fault: GpuFault) -> str:
+    """How a non-fatal fault is labelled: an application Xid is the job's own doing; others are only noted."""
+    return "application-level" if fault.application else "not fatal to the job"
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

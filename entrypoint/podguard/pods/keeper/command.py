@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podguard.errors import ExitCode, UsageError
+from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -135,7 +135,12 @@ def _keep_here(
     from podguard.pods.keeper.record import KeepStore
     from podguard.pods.placement import pods_named
 
-    client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
+    try:
+        client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
+    except PodguardError as exc:
+        if deployed:  # an unfilled secret reference: nothing here can reach the API, not even to stop this pod
+            _park(exc, stopped=False)
+        raise
     scrub = load_api_key().scrub
     store = KeepStore.open(spec.name)
     if not store.lock():
@@ -162,7 +167,13 @@ def _keep_here(
                 )
         _notes(spec, events)
         target = _target(client, spec, options)
-        result = Keeper(target, store, options, events, spec=spec).run()
+        try:
+            result = Keeper(target, store, options, events, spec=spec).run()
+        except PodguardError as exc:
+            if deployed and exc.code != ExitCode.GPUS_BUSY:  # 75 may pass on a retry; the rest do not: no crash loop
+                events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")
+                _park(exc, stopped=end_own_pod(client, events.note, failed=exc.message))
+            raise
         _summary(request, spec, result, store)
         if deployed and result.outcome != "interrupted":
             end_own_pod(client, events.note)
@@ -170,6 +181,29 @@ def _keep_here(
     finally:
         events.close()
         store.unlock()
+
+
+PARK_S = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before its container exits
+
+
+def _park(exc: PodguardError, *, stopped: bool) -> None:
+    """Inside a keeper pod, after an error no retry fixes: RunPod restarts a container that exits, so a keeper
+    that could not stop its own pod (a refused or missing key) waits, announced, before exiting: one try per
+    PODGUARD_KEEP_PARK_S (default 10 min), not a crash loop hammering the API."""
+    if stopped:
+        return
+    import time
+
+    raw = os.environ.get("PODGUARD_KEEP_PARK_S", "").strip()
+    try:
+        wait = float(raw) if raw else PARK_S
+    except ValueError:
+        wait = PARK_S
+    _say(
+        f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait:g} s before exiting (RunPod "
+        "restarts it then): fix the secret and `podguard pod keep --deploy` again, or `podguard pod down` the keeper"
+    )
+    time.sleep(max(0.0, wait))
 
 
 def _notes(spec: PodSpec, events: Events) -> None:

@@ -61,6 +61,7 @@ class JobView:
     detail: str = ""
     guard_seen: bool = False  # a guard line: the pod will stop (or the cluster go) because of it
     primary: int = 0  # the node whose END success is the job's (a cluster's node 0)
+    ended: set[int] = field(default_factory=set)  # the nodes that printed an END line
 
     def node(self, rank: int) -> NodeView:
         return self.nodes.setdefault(rank, NodeView())
@@ -83,6 +84,7 @@ class JobView:
         return self._end(rank, node, cue.word, cue.code, cue.line)
 
     def _end(self, rank: int, node: NodeView, kind: str, code: int, line: str) -> str | None:
+        self.ended.add(rank)
         if self.outcome is not None:
             return None  # the first outcome stands
         if kind == "signal":
@@ -111,8 +113,11 @@ class JobView:
         self.outcome, self.code, self.detail = outcome, int(code), line
 
     def after_recovery(self, *, replaced: bool) -> None:
-        """A start keeps counting a sick machine's starts; a replacement is a new machine."""
+        """A start keeps counting a sick machine's starts; a replacement is a new machine. What the old job's
+        lines said is over (a recovery is only made when they said no outcome, or a lost node explained it)."""
         self.guard_seen = False
+        self.outcome, self.code, self.detail = None, 0, ""
+        self.ended.clear()
         for node in self.nodes.values():
             node.gpu_fault = False
             node.passed = False
@@ -144,6 +149,9 @@ class Decision:
 
 
 _STOPPED = (PodStatus.EXITED, PodStatus.ERROR, PodStatus.TERMINATED)
+# desiredStatus RUNNING: REST v2 says RUNNING whether or not a container runs (`runtime` null or not); podguard's
+# GraphQL decoding says STARTING or PROVISIONING while `runtime` is null. The silence rule holds for all three.
+_MEANT_TO_RUN = (PodStatus.RUNNING, PodStatus.STARTING, PodStatus.PROVISIONING)
 
 
 def decide(
@@ -151,6 +159,13 @@ def decide(
 ) -> Decision:
     """The next step (see the module docstring); `quiet_since` is each node's last log line (monotonic)."""
     if view.outcome is not None:
+        peers = _lost_peers(observed, view) if view.outcome is Outcome.FAILED and observed.cluster else []
+        if peers:  # a node failed because a peer's host went (NCCL errors within seconds; the host shows later)
+            return Decision(
+                Act.REPLACE,
+                f"the job failed while {', '.join(f'node{r}' for r in peers)} was lost (its host, not the job): "
+                "a cluster is replaced whole",
+            )
         return Decision(Act.FINISH, view.outcome.value)
     faulted = sorted(r for r, n in view.nodes.items() if n.gpu_fault)
     if faulted:
@@ -180,9 +195,7 @@ def decide(
     silent = sorted(
         rank
         for rank, node in observed.nodes.items()
-        if node.status is PodStatus.RUNNING
-        and node.has_runtime is False
-        and now - quiet_since.get(rank, now) >= silence_s
+        if node.status in _MEANT_TO_RUN and node.has_runtime is False and now - quiet_since.get(rank, now) >= silence_s
     )
     if silent:
         return Decision(
@@ -191,6 +204,17 @@ def decide(
             f"{_named(silent, observed)} (its host is lost)",
         )
     return Decision(Act.WAIT)
+
+
+def _lost_peers(observed: Observed, view: JobView) -> list[int]:
+    """A cluster's nodes that printed no END line and are not running a container: gone, stopped, in ERROR, or
+    meant to run with no runtime (a lost host). A failure on another node is then not the job's own."""
+    peers = set(observed.lost)
+    for rank, node in observed.nodes.items():
+        no_container = node.status in _MEANT_TO_RUN and node.has_runtime is False
+        if node.status is None or node.status in _STOPPED or no_container:
+            peers.add(rank)
+    return sorted(peers - view.ended)
 
 
 def _named(ranks: list[int], observed: Observed) -> str:

@@ -136,8 +136,8 @@ def kept_by(api: PodApi, name: str, pods: list[Pod] | None = None) -> str | None
     """Who keeps `name`: its keeper pod's name, a live keeper on this machine, or None."""
     listed = pods if pods is not None else api.list_pods()
     keeper = keeper_name(name)
-    if any(p.name == keeper and str(p.status) != "TERMINATED" for p in listed):
-        return keeper
+    if any(p.name == keeper and str(p.status) not in ("TERMINATED", "EXITED") for p in listed):
+        return keeper  # (a stopped keeper pod keeps nothing)
     pid = _local_keeper(name)
     return f"pid {pid} on this machine" if pid else None
 
@@ -183,15 +183,23 @@ def _mark_down(name: str) -> None:
         store.event("down", f"`podguard pod down {name}` took it down: the keeper ended")
 
 
-def end_own_pod(api: PodApi, say: Callable[[str], None]) -> None:
-    """Inside a keeper pod: terminate this pod (the job is over; a restarted container must not keep again)."""
+def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None = None) -> bool:
+    """Inside a keeper pod: terminate this pod (the job is over; a restarted container must not keep again).
+    `failed`: the keeper hit an error no retry fixes (a refused key, a bad spec): stop the pod instead, so that
+    RunPod does not restart it into the same error all night and its logs still say why."""
     pod_id = os.environ.get("RUNPOD_POD_ID", "").strip()
     if not pod_id:
-        return
+        return False
     from podguard.pods.errors import ApiError
 
-    say(f"the keeper's work is done: terminating its own pod {pod_id}")
+    action = PodAction.STOP if failed else PodAction.TERMINATE
+    if failed:
+        say(f"the keeper cannot go on ({failed}): stopping its own pod {pod_id} (`podguard pod down` removes it)")
+    else:
+        say(f"the keeper's work is done: terminating its own pod {pod_id}")
     try:
-        api.act(pod_id, PodAction.TERMINATE)
+        api.act(pod_id, action)
     except ApiError as exc:
-        say(f"warning: could not terminate the keeper pod {pod_id} ({exc.message}); `podguard pod down {pod_id}`")
+        say(f"warning: could not {action.value} the keeper pod {pod_id} ({exc.message}); `podguard pod down {pod_id}`")
+        return False
+    return True

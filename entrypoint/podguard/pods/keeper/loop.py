@@ -122,6 +122,9 @@ class Keeper:
             elif self.target.adopt():
                 same = "the one kept before" if self.target.target_id == saved.target_id else "a new one"
                 self.events.note(f"{self.target.describe()} exists ({same})")
+            elif not saved.target_id:  # the first `pod up` never finished: nothing was lost, make it now
+                self.events.note(f"no {self.target.kind} named {self.spec.name} was made before: `pod up` now")
+                return self._up()
             else:
                 self.events.note(f"no {self.target.kind} named {self.spec.name} exists now")
             self._remember_target()
@@ -129,6 +132,10 @@ class Keeper:
         self.state = KeepState(name=self.spec.name, kind=self.target.kind, pid=os.getpid())
         self.store.save(self.state)
         self.events.say("begin", f"keeping {self.target.kind} {self.spec.name}: `pod up`, then watching it")
+        return self._up()
+
+    def _up(self) -> KeepResult | None:
+        """What `pod up` does (without its wait), waiting for capacity; a pod whose host is full is replaced."""
         while True:
             try:
                 action = self.target.up(self.events.note)
@@ -291,6 +298,15 @@ class Keeper:
     def _act(self, decision: Decision) -> KeepResult | None:
         if decision.act is Act.WAIT:
             return None
+        if decision.act is Act.FINISH and decision.reason == Outcome.FAILED and self.target.kind == "cluster":
+            try:  # one fresh member listing: a failure that follows a lost peer is the host's, not the job's
+                self.observed = self.target.poll(self.state, set(), members=True)
+            except ApiError as exc:
+                if exc.kind not in _TRANSIENT:
+                    raise
+                self._api_outage(exc)
+                return None  # decided again at the next poll, with the outcome still in view
+            decision = self._decide()
         if decision.act is Act.FINISH:
             return self._finish(Outcome(decision.reason))
         try:
@@ -321,7 +337,7 @@ class Keeper:
             try:
                 self.target.start()
             except ApiError as exc:
-                if exc.kind is ApiErrorKind.TRANSIENT:
+                if exc.kind in _TRANSIENT:  # a 5xx, a dropped connection or a 429
                     self.state.recoveries -= 1  # not started: the next poll decides again
                     self.store.save(self.state)
                     raise

@@ -54,11 +54,17 @@ def check_notify_url(url: str, *, deployed: bool = False) -> str:
 
 
 def _shown(url: str) -> str:
-    """Enough of a URL to recognise it, not its secret path."""
-    parts = urlsplit(url.strip())
-    if parts.scheme and parts.netloc:
-        return f"{parts.scheme}://{parts.netloc}/..."
-    return url[:40]
+    """Enough of a URL to recognise it: its scheme and host, never its user:password part or its secret path.
+    Never raises (it names a URL that failed to parse)."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unparsable URL)"
+    if parts.scheme and host:
+        return f"{parts.scheme}://{host}{port}/..."
+    return "(a URL without a scheme and host)"
 
 
 def webhook_body(text: str) -> bytes:

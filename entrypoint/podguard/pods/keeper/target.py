@@ -51,7 +51,7 @@ class Target(Protocol):
 
     def adopt(self) -> bool: ...
 
-    def poll(self, state: KeepState, silent: set[int]) -> Observed: ...
+    def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed: ...
 
     def start(self) -> None: ...
 
@@ -124,7 +124,7 @@ class PodTarget:
         self.pod = found[0]
         return True
 
-    def poll(self, state: KeepState, silent: set[int]) -> Observed:
+    def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed:
         assert self.pod is not None
         try:
             pod = self.api.get_pod(self.pod.id)
@@ -242,7 +242,9 @@ class ClusterTarget:
         self.cluster = found[0]
         return True
 
-    def poll(self, state: KeepState, silent: set[int]) -> Observed:
+    def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed:
+        """The cluster's status; its members are listed (runtimes included) when a node stopped or left, when a
+        silent node is due a check, or when `members` asks for it (a node's failure line: was a peer lost?)."""
         assert self.cluster is not None
         try:
             cluster = self.api.get_cluster(self.cluster.id)
@@ -256,7 +258,7 @@ class ClusterTarget:
         stopped = any(cluster.by_status.get(s.value) for s in (PodStatus.EXITED, PodStatus.ERROR))
         all_run = cluster.status is PodStatus.RUNNING and cluster.total >= cluster.nodes
         left = self._all_ran and not all_run
-        due = bool(silent) and time.monotonic() - self._listed_at >= self.silence_s
+        due = members or (bool(silent) and time.monotonic() - self._listed_at >= self.silence_s)
         if stopped or left or due or (all_run and self._followed != cluster.id):
             self._list(state)  # one member listing: to name a lost node, check runtimes, or open the streams
         if all_run:

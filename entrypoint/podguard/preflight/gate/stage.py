@@ -39,7 +39,7 @@ from podguard.units import MIB
 if TYPE_CHECKING:
     from podguard.preflight.cleanup.records import GpuIdleState
 
-__all__ = ["confirmed_degraded", "follow_cleanup", "gate_free_now", "gate_hardware", "snapshots"]
+__all__ = ["confirmed_degraded", "follow_cleanup", "follow_faults", "gate_free_now", "gate_hardware", "snapshots"]
 
 
 def snapshots(backend: GpuBackend, indices: Sequence[int], mig: Mapping[int, Sequence[str]]) -> list[GpuSnapshot]:
@@ -260,3 +260,39 @@ def follow_cleanup(gate: GateResult, states: Mapping[int, GpuIdleState]) -> Gate
             )
         )
     return GateResult(tuple(verdicts), gate.xids, gate.allreduce)
+
+
+# What a fault kind of the run-time GPU watch (launch/watch/gpu_faults.py) is, as a gate finding.
+_FAULT_FINDINGS = {
+    "xid": Finding.HARDWARE_XID,
+    "lost": Finding.LOST,
+    "ecc_uncorrected": Finding.ECC_UNCORRECTED,
+    "recovery_action": Finding.RECOVERY_ACTION,
+}
+
+
+def follow_faults(gate: GateResult, faulted: Mapping[str, tuple[str, str]]) -> GateResult:
+    """A GPU that had a fatal fault during an earlier attempt of this job (`--restarts`) is unhealthy, as the gate
+    treats the same fault in its own window, whatever a later snapshot says: an Xid 95 or 48 leaves no NVML
+    state behind once the driver has recovered the channel. `faulted` maps a GPU's UUID (or `index:N` where the
+    UUID was not known) to (the watch's fault kind, its text)."""
+    if not faulted:
+        return gate
+    verdicts = []
+    for v in gate.verdicts:
+        hit = faulted.get(v.uuid or "") or faulted.get(f"index:{v.index}")
+        if hit is None:
+            verdicts.append(v)
+            continue
+        kind, text = hit
+        finding = _FAULT_FINDINGS.get(kind, Finding.HARDWARE_XID)
+        reason = f"fatal fault during an earlier attempt of this job: {text}"
+        verdicts.append(
+            replace(
+                v,
+                verdict=Verdict.UNHEALTHY,
+                reasons=tuple(dict.fromkeys((*(v.reasons if v.verdict is Verdict.UNHEALTHY else ()), reason))),
+                findings=tuple(dict.fromkeys((*(v.findings if v.verdict is Verdict.UNHEALTHY else ()), finding))),
+            )
+        )
+    return replace(gate, verdicts=tuple(verdicts))
