@@ -107,10 +107,10 @@ def test_an_unknown_model_gets_the_relative_check_only(node, tmp_path):
 
 
 def test_warn_passes_a_slow_gpu_with_its_reason(node, tmp_path):
-    program = metrics_program(tmp_path, {1: {"h2d_gbps": 30.0}})
+    program = metrics_program(tmp_path, {1: {"mem_gbps": 2200.0}})  # above the floor (2000), below 0.8 x 3000
     proc = run_health(node, program, PODGUARD_DEGRADED="warn")
     assert proc.returncode == 0, proc.stderr
-    assert "h2d_gbps 30.0 GB/s is below 0.8 x the median of 8 GPUs" in proc.stderr
+    assert "mem_gbps 2200 GB/s is below 0.8 x the median of 8 GPUs" in proc.stderr
     assert [d["code"] for d in report_of(proc)["gpus"][1]["degraded"]] == ["slow"]
 
 

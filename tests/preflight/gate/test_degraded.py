@@ -107,7 +107,25 @@ def test_bridged_pcie_pairs_with_one_link_down_are_caught_and_an_unbridged_card_
         h100(3, name=a40, nvlink_links=4, nvlink_active=0),
     ]
     found = node_degraded(node)
-    assert list(found) == [1] and found[1][0].text == "NVLink 3 of 4 links active"
+    assert list(found) == [1]
+    assert found[1][0].text == "NVLink 3 of 4 links active, other GPUs of this model have 4 up"
+
+
+def test_a_healthy_bridged_h100_nvl_pair_uses_12_of_the_chips_18_links_and_passes():
+    """A bridged card's link count is the chip's: an H100 NVL pair is NV12 on a chip with 18 links. Only the
+    same-model peers tell a bridge that lost links; an SXM part with 12 of 18 up is caught on its own."""
+    nvl = "NVIDIA H100 NVL"
+    pair = [h100(i, name=nvl, nvlink_links=18, nvlink_active=12) for i in range(2)]
+    assert node_degraded(pair) == {}
+    assert judge_all(pair, FAIL).exit_code == 0
+    worn = [
+        *pair,
+        h100(2, name=nvl, nvlink_links=18, nvlink_active=8),
+        h100(3, name=nvl, nvlink_links=18, nvlink_active=8),
+    ]
+    assert sorted(node_degraded(worn)) == [2, 3]
+    sxm = [h100(i, nvlink_links=18, nvlink_active=12) for i in range(2)]
+    assert sorted(node_degraded(sxm)) == [0, 1]
 
 
 def test_a_lone_gpu_has_no_nvlink_finding_its_links_carry_nothing():

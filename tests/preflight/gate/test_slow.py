@@ -48,12 +48,23 @@ def test_the_ratio_is_honoured() -> None:
 
 
 def test_every_metric_is_judged_on_its_own() -> None:
-    metrics, models = _node(3, gpu0={"h2d_gbps": 30.0}, gpu2={"mem_gbps": 3000.0, "matmul_tflops": 400.0})
-    found = slow_findings(metrics, models, 0.8)
+    metrics, models = _node(3, gpu0={"h2d_gbps": 10.0}, gpu2={"mem_gbps": 3000.0, "matmul_tflops": 400.0})
+    found = slow_findings(metrics, models, 0.8, links=dict.fromkeys(range(3), (5, 16)))
     assert {i: sorted(f.values["metric"] for f in fs) for i, fs in found.items()} == {
-        0: ["h2d_gbps"],
+        0: ["h2d_gbps"],  # below the Gen5 x16 link's floor (23.9)
         2: ["matmul_tflops", "matmul_tflops", "mem_gbps"],  # matmul: relative and below the H200 floor
     }
+
+
+def test_a_copy_speed_set_by_the_host_is_never_compared_with_other_gpus() -> None:
+    """Two RTX 4090s on Gen4 x8 slots beside six on x16 copy at half the speed, healthy: only the link floor
+    judges h2d_gbps (the host's link and NUMA placement set it, not the GPU)."""
+    metrics = {i: {"h2d_gbps": 25.0 if i < 6 else 12.8} for i in range(8)}
+    links = {i: (4, 16 if i < 6 else 8) for i in range(8)}
+    assert slow_findings(metrics, dict.fromkeys(range(8), "NVIDIA GeForce RTX 4090"), 0.8, links=links) == {}
+    metrics[7] = {"h2d_gbps": 4.0}  # below the x8 link's floor (6.0): caught
+    found = slow_findings(metrics, dict.fromkeys(range(8), "NVIDIA GeForce RTX 4090"), 0.8, links=links)
+    assert list(found) == [7] and "floor" in found[7][0].text
 
 
 def test_equally_slow_gpus_are_caught_by_the_model_floor() -> None:

@@ -83,11 +83,14 @@ def _nvlink(gpu: GpuSnapshot, peer_links: int | None) -> list[Degraded]:
     links, active = gpu.nvlink_links, gpu.nvlink_active
     if not links or active is None:  # no NVLink (NOT_SUPPORTED), or its state could not be read: not down
         return []
-    if 0 < active < links:
+    bridged = bridged_card(gpu.name)
+    if 0 < active < links and not bridged:
         text = f"NVLink {active} of {links} links active"
         return [Degraded("nvlink_down", text, {"active": active, "links": links})]
-    if active == 0 and bridged_card(gpu.name):  # a card without a bridge: nothing to be down
+    if active == 0 and bridged:  # a card without a bridge: nothing to be down
         return []
+    # A bridged card's link count is the chip's, not the bridge's: a healthy H100 NVL pair is "NV12" in
+    # `nvidia-smi topo -m` on a chip with 18 links. Only its same-model peers tell a bridge that lost links.
     if peer_links is not None and active < peer_links:
         text = f"NVLink {active} of {links} links active, other GPUs of this model have {peer_links} up"
         return [Degraded("nvlink_down", text, {"active": active, "links": links, "peer_links": peer_links})]

@@ -9,7 +9,8 @@ Two checks (PRODUCT.md "Degraded GPUs"): relative, a metric below `ratio` x the 
 model (and MIG profile) that report it, two or more (`ratio` 0 turns it off); absolute, a metric below a floor,
 so eight equally slow GPUs are caught too. `matmul_tflops`, `mem_gbps` and `allreduce_busbw_gbps` have per-model
 floors (FLOORS, matched on NVML's name); `h2d_gbps` depends on the host's PCIe link, not on the card, so its floor
-follows the link generation and width maximum NVML reports (`h2d_floor`). A MIG slice is never held to a whole
+follows the link generation and width maximum NVML reports (`h2d_floor`), and it has no relative check (the host's
+path, not the GPU, sets it: FLOOR_ONLY_METRICS). A MIG slice is never held to a whole
 GPU's floors, and is compared only with slices of its own profile. Only the metrics of METRICS are judged (all
 higher-is-better); other keys a user's probe prints are left alone. `allreduce_busbw_gbps` is node-level: the same
 value for every GPU, no relative check, and its floor applies to every GPU of the node. The floors and their
@@ -28,6 +29,7 @@ from podguard.preflight.gate.degraded import Degraded
 
 __all__ = [
     "FLOORS",
+    "FLOOR_ONLY_METRICS",
     "H2D_LINK_FRACTION",
     "METRICS",
     "NODE_METRICS",
@@ -45,6 +47,10 @@ METRICS: dict[str, str] = {  # metric -> unit
     "allreduce_busbw_gbps": "GB/s",
 }
 NODE_METRICS = frozenset({"allreduce_busbw_gbps"})
+# Metrics judged only against their floor, never against the other GPUs: a host-to-device copy measures the host's
+# path (the link it gives the card, a switch uplink, which NUMA node the probe's pinned buffer landed on: a remote
+# socket costs a healthy GPU a third of its copy speed), not the GPU. docs/gate.md ("Slow GPUs").
+FLOOR_ONLY_METRICS = frozenset({"h2d_gbps"})
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ def slow_findings(
     groups = {index: (models.get(index, ""), mig.get(index)) for index in values}
     found: dict[int, list[Degraded]] = {}
     for metric in METRICS:
-        if metric not in NODE_METRICS and ratio > 0:
+        if metric not in NODE_METRICS and metric not in FLOOR_ONLY_METRICS and ratio > 0:
             for index, finding in _relative(metric, values, groups, ratio):
                 found.setdefault(index, []).append(finding)
         whole = {index: per_gpu for index, per_gpu in values.items() if index not in mig}
