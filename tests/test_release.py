@@ -116,6 +116,19 @@ def test_release_check_refuses_a_tag_that_does_not_name_the_version(tmp_path: Pa
     assert missing.returncode == 1 and "(run `make dist`)" in missing.stderr
 
 
+def test_a_dry_run_reports_the_changelog_and_still_checks_the_files(tmp_path: Path) -> None:
+    """The workflow run by hand on main (entries under Unreleased: the normal state between releases)."""
+    version = _version()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
+    check = [sys.executable, str(RELEASE_CHECK), "--dry-run"]
+    good = subprocess.run([*check, str(_fake_dist(tmp_path / "a", version))], env=env, capture_output=True, text=True)
+    assert good.returncode == 0, good.stdout + good.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = subprocess.run([*check, str(empty)], env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "(run `make dist`)" in missing.stderr
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     """`python -m build` (the sdist, then the wheel built from it), `twine check --strict`, pip installs the

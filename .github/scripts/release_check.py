@@ -2,7 +2,7 @@
 """Is this checkout ready to be released as the version it names? Used by `make release-check` and by
 .github/workflows/release.yml before anything is published.
 
-    python .github/scripts/release_check.py [--tag vX.Y.Z] [--notes FILE] [DIST]
+    python .github/scripts/release_check.py [--tag vX.Y.Z] [--notes FILE] [--dry-run] [DIST]
 
 Checks, each printed as one line (exit 1 when any fails; argparse exits 2 on bad arguments):
 - the version: `__version__` in entrypoint/podguard/__init__.py (read as text: the one place it lives);
@@ -11,7 +11,9 @@ Checks, each printed as one line (exit 1 when any fails; argparse exits 2 on bad
   release), and its `## [Unreleased]` section lists nothing (its entries were moved under the version);
 - DIST (default dist/) holds exactly this version's wheel and sdist, and the wheel's own metadata says the same
   version (`twine check --strict` is run beside this, by the Makefile and the workflow).
-Standard library only: it runs before anything is installed.
+`--dry-run` (the workflow run by hand, with no tag): the changelog's readiness is reported, not failed — between
+releases main has entries under Unreleased and no section for the next version, by design; the version and the
+built files are still checked. Standard library only: it runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dist", nargs="?", type=Path, default=ROOT / "dist", help="the built wheel and sdist")
     parser.add_argument("--tag", help="the git tag being released (default: GITHUB_REF_NAME on a tag push)")
     parser.add_argument("--notes", type=Path, help="write the CHANGELOG section of this version here")
+    parser.add_argument("--dry-run", action="store_true", help="report the changelog's readiness, do not fail on it")
     args = parser.parse_args(argv)
     tag = args.tag or (os.environ.get("GITHUB_REF_NAME") if os.environ.get("GITHUB_REF_TYPE") == "tag" else None)
 
@@ -91,17 +94,25 @@ def main(argv: list[str] | None = None) -> int:
         else:
             problems.append(f"the tag {tag!r} does not name the package version: expected 'v{version}'")
     changelog = CHANGELOG.read_text()
+    release_problems: list[str] = []  # what only a release needs: a dry run reports them
     section = changelog_section(version, changelog)
     if section is None:
-        problems.append(f"CHANGELOG.md has no `## [{version}] - YYYY-MM-DD` section (move Unreleased under it)")
+        release_problems.append(f"CHANGELOG.md has no `## [{version}] - YYYY-MM-DD` section (move Unreleased under it)")
     elif not section:
-        problems.append(f"CHANGELOG.md's section for {version} is empty")
+        release_problems.append(f"CHANGELOG.md's section for {version} is empty")
     else:
         print(f"release check: CHANGELOG.md has the section for {version}")
         if args.notes is not None:
             args.notes.write_text(section + "\n")
     if left := unreleased_entries(changelog):
-        problems.append(f"CHANGELOG.md: {len(left)} change(s) still under Unreleased; move them under [{version}]")
+        release_problems.append(
+            f"CHANGELOG.md: {len(left)} change(s) still under Unreleased; move them under [{version}]"
+        )
+    if args.dry_run and tag is None:
+        for problem in release_problems:
+            print(f"release check: dry run: a release would need: {problem}")
+    else:
+        problems += release_problems
     dist_problems = check_dist(args.dist, version)
     if not dist_problems:
         print(f"release check: {args.dist} holds this version's wheel and sdist")

@@ -109,7 +109,8 @@ def _stop_pod(api: PodApi, pod: Pod, why: str, out: TextIO) -> None:
 
 
 def _delete_cluster(api: PodApi, pod: Pod, why: str, out: TextIO) -> None:
-    """One line: the trip, what is deleted and why (already gone is success: another node's guard was first)."""
+    """One line: the trip, what is deleted and why (already gone is success: another node's guard, or a retry of
+    this delete whose first answer was lost)."""
     from podguard.pods.clusters.rest import cluster_api
     from podguard.pods.errors import ApiError, ApiErrorKind
 
@@ -122,7 +123,7 @@ def _delete_cluster(api: PodApi, pod: Pod, why: str, out: TextIO) -> None:
     except ApiError as exc:
         if exc.kind is not ApiErrorKind.NOT_FOUND:
             raise
-        done = "already deleted (another node's guard was first):"
+        done = "already deleted (by another node's guard, or this request's own retry after a lost answer):"
     _say(
         out,
         f"{why}: this pod ({pod.id}) is {node} of Instant Cluster {cid}, whose pods cannot be stopped: {done} "
