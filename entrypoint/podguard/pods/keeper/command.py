@@ -22,7 +22,8 @@ from podguard.errors import ExitCode, PodguardError, UsageError
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
     from podguard.pods.keeper.events import Events
-    from podguard.pods.keeper.loop import KeepOptions, KeepResult
+    from podguard.pods.keeper.loop import KeepResult
+    from podguard.pods.keeper.options import KeepOptions
     from podguard.pods.keeper.record import KeepStore
     from podguard.pods.keeper.target import Target
     from podguard.pods.spec import PodSpec

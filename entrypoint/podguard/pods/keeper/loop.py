@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from podguard.errors import ExitCode
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Act, Decision, JobView, Observed, Outcome, decide
 from podguard.pods.keeper.events import Events
+from podguard.pods.keeper.interrupt import Interrupted, signals_raise
 from podguard.pods.keeper.lines import read_line
+from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.target import Target
 from podguard.pods.model import LogEvent, PodStatus
@@ -35,43 +35,11 @@ FAST_WINDOW_S = 1800.0  # after `pod up` or a recovery: the faster polls last un
 
 
 @dataclass(frozen=True)
-class KeepOptions:
-    poll_s: float = 30.0  # one status request per poll
-    max_recoveries: int = 5
-    silence_s: float = 900.0  # RUNNING, no runtime, no log line this long: the host is lost
-    settle_s: float = 3.0  # before acting on a status alone: read what is still in flight on the stream
-    recovery_poll_s: float = 5.0  # while a recovered pod comes up: polls at most this far apart
-    capacity_wait_s: float = 30.0  # the first wait for capacity; doubles up to the cap
-    capacity_wait_cap_s: float = 600.0
-
-
-@dataclass(frozen=True)
 class KeepResult:
     code: int
     outcome: str  # success | guard | failed | gave-up | refused | interrupted
     message: str
     state: KeepState
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGHUP end the keeper like Ctrl-C: the pod is left as it is, the state stays resumable."""
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 class Keeper:
@@ -91,7 +59,7 @@ class Keeper:
     # -- the whole run -------------------------------------------------------------------------------------
     def run(self) -> KeepResult:
         try:
-            with _signals_raise():
+            with signals_raise():
                 return self._begin() or self._loop()
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT

@@ -13,11 +13,23 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from podguard.errors import UsageError
-from podguard.pods.keeper.loop import KeepOptions
 
-__all__ = ["KNOBS", "check_key_secret", "keep_options"]
+__all__ = ["KNOBS", "KeepOptions", "check_key_secret", "keep_options"]
+
+
+@dataclass(frozen=True)
+class KeepOptions:
+    poll_s: float = 30.0  # one status request per poll
+    max_recoveries: int = 5
+    silence_s: float = 900.0  # RUNNING, no runtime, no log line this long: the host is lost
+    settle_s: float = 3.0  # before acting on a status alone: read what is still in flight on the stream
+    recovery_poll_s: float = 5.0  # while a recovered pod comes up: polls at most this far apart
+    capacity_wait_s: float = 30.0  # the first wait for capacity; doubles up to the cap
+    capacity_wait_cap_s: float = 600.0
+
 
 KNOBS = {
     "silence_s": "PODGUARD_KEEP_SILENCE_S",
