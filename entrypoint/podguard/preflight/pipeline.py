@@ -21,7 +21,8 @@ from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.gpu.selected import Selection
-from podguard.preflight.gate.rules import Finding, GateResult, Verdict
+from podguard.preflight.advice import recommendations
+from podguard.preflight.gate.rules import GateResult, Verdict
 from podguard.preflight.options import PreflightOptions, validate_options
 from podguard.preflight.selection import mig_scope, select_for, select_gpus
 from podguard.records import to_data
@@ -377,41 +378,13 @@ class Preflight:
                 parts.append(f"pid {r.pid} ({r.cmdline[:60]}) keeps starting processes that hold the GPU")
         return "; ".join(parts)
 
-    def _recommendations(self) -> list[str]:
-        recs: list[str] = []
-        if self.nvml_failure:
-            recs.append("stop and start the pod (a container restart keeps the same driver state), or move machines")
-        gate = self.gate
-        if self.exit_code == ExitCode.GPUS_BUSY:
-            recs.append("retry later, or run `podguard cleanup` / `podguard doctor` to see who holds the GPUs")
-            if gate is not None and gate.has(Finding.PHANTOM_MEMORY):
-                recs.append("phantom memory persists across container restarts: stop and start the pod")
-        if self.exit_code == ExitCode.GPU_UNHEALTHY and gate is not None:
-            recs.append(  # (the message above named the GPUs)
-                "exclude them with GPU_LIST, or stop and start the pod (`podguard pod heal`), or move to another "
-                "machine"
-            )
-            if gate.has(Finding.DEGRADED):
-                recs.append(
-                    "a degraded GPU works but slows every rank down: --degraded exclude runs on the others, "
-                    "--degraded warn runs on all of them anyway"
-                )
-        if self.exit_code == ExitCode.GPUS_MISSING and gate is not None and gate.excluded:
-            recs.append(
-                "too few GPUs left after excluding the degraded ones: lower NPROC_PER_NODE, use --on-fewer-gpus "
-                "continue, or move to another machine (`podguard pod heal --replace`)"
-            )
-        if self.cleanup is not None:
-            recs.extend(self.cleanup.recommendations)  # printed, not only stored
-        return list(dict.fromkeys(recs))
-
     def report(self, state: Path) -> PreflightResult:
         self.payload.update(
             verdict=verdict_word(self.exit_code).lower(),
             exit_code=int(self.exit_code),
             message=self.message,
             selection=self.selection.to_dict() if self.selection else None,
-            recommendations=self._recommendations(),
+            recommendations=recommendations(self.exit_code, self.gate, self.nvml_failure, self.cleanup),
         )
         self.payload["timings_ms"] = {
             **self.timings.phases,
