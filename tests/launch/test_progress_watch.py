@@ -284,3 +284,19 @@ def test_heartbeat_never_raises_and_records_the_global_rank(tmp_path, monkeypatc
         assert read_board(board)[1].step == 41
     finally:
         hb._reset_for_tests()
+
+
+def test_a_fault_on_the_workers_own_gpu_is_named_first_else_any_fatal_fault(tmp_path):
+    from podguard.launch.watch.gpu_faults import GpuFault
+    from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+
+    watch = RuntimeWatch(RuntimeSettings(), tmp_path)
+    app = GpuFault(0, "GPU-0", "xid", 31, False, "GPU 0: Xid 31", 1.0)
+    peer = GpuFault(0, "GPU-0", "lost", 79, True, "GPU 0: lost", 2.0)
+    own = GpuFault(1, "GPU-1", "xid", 95, True, "GPU 1: Xid 95", 3.0)
+    watch.faults = [app]
+    assert watch.fault_of((1,)) is None and watch.cause_of_exit((1,), 1) is None  # application Xids are not causes
+    watch.faults = [app, peer, own]
+    assert watch.fault_of((1,)) is own and watch.fault_of((2,)) is peer and watch.fault_of(()) is peer
+    assert watch.cause_of_exit((1,), 1) == (76, "GPU FAULT first: GPU 1: Xid 95")
+    assert watch.cause_of_exit((1,), 0) is None

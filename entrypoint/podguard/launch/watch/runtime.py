@@ -183,8 +183,8 @@ class RuntimeWatch:
                 self.sup.message(f"GPU FAULT: {fault.text}")
 
     def cause_of_exit(self, worker_gpus: tuple[int, ...], code: int) -> tuple[int, str] | None:
-        """A worker failed on its own: a fatal fault on one of its GPUs (polled now, so that it is seen before
-        the supervisor tells the worker's end) is the root cause (supervisor.Watch)."""
+        """A worker failed on its own: a fatal fault (polled now, so that it is seen before the supervisor tells
+        the worker's end), on one of its GPUs where there is one, is the root cause (supervisor.Watch)."""
         if code == 0:
             return None
         self._poll_faults(ending=True)
@@ -192,8 +192,11 @@ class RuntimeWatch:
         return None if fault is None else (ExitCode.GPU_UNHEALTHY, f"GPU FAULT first: {fault.text}")
 
     def fault_of(self, worker_gpus: Sequence[int]) -> GpuFault | None:
-        """The first fatal fault on one of `worker_gpus` (any selected GPU where the worker's are not known)."""
-        return next((f for f in self.faults if f.fatal and (not worker_gpus or f.index in worker_gpus)), None)
+        """The first fatal fault on one of `worker_gpus`, else on any selected GPU: a rank that died of its peer's
+        lost GPU (an NCCL error) died of the machine too, and the job ends 76 either way (a keeper replaces the
+        machine on it)."""
+        fatal = [f for f in self.faults if f.fatal]
+        return next((f for f in fatal if f.index in worker_gpus), fatal[0] if fatal else None)
 
     def _write_faults(self) -> None:
         record = {"faults": [f.to_dict() for f in self.faults]}
@@ -270,9 +273,9 @@ class RuntimeWatch:
 
     # -- after the job --------------------------------------------------------------------------------------
     def explain(self, outcome: JobOutcome) -> JobOutcome:
-        """The outcome with this watch's root cause: a fatal GPU fault on the failed worker's GPU makes it 76 (the
-        fault, not the worker's own code; one seen only after the workers ended too); a hang is already 79.
-        Stragglers join the detail."""
+        """The outcome with this watch's root cause: a fatal GPU fault makes a failure 76 (the fault, not the
+        worker's own code; one seen only after the workers ended too), named on the failed worker's GPU where there
+        is one; a hang is already 79. Stragglers join the detail."""
         detail = outcome.detail
         code = outcome.exit_code
         root = outcome.root_cause
