@@ -200,6 +200,8 @@ def _park(exc: PodguardError, *, stopped: bool) -> None:
         wait = float(raw) if raw else PARK_S
     except ValueError:
         wait = PARK_S
+    if not 0 <= wait < 1e6:  # nan, inf, negative: the default
+        wait = PARK_S
     _say(
         f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait:g} s before exiting (RunPod "
         "restarts it then): fix the secret and `podguard pod keep --deploy` again, or `podguard pod down` the keeper"
