@@ -206,8 +206,9 @@ class Keeper:
             silence_s=self.options.silence_s,
         )
 
-    def _drain(self, seconds: float) -> None:
-        """Read what the streams still hold for `seconds` (lines printed just before a pod stopped)."""
+    def _drain(self, seconds: float, *, to_the_end: bool = False) -> None:
+        """Read what the streams still hold for `seconds` (lines printed just before a pod stopped); stop at the
+        first outcome unless `to_the_end` (the other nodes' END lines after a cluster node's failure)."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             got = self.target.streams.get(left)
@@ -216,7 +217,7 @@ class Keeper:
             rank, item = got
             if isinstance(item, ApiError):
                 self._stream_failed(rank, item)
-            elif self._take(rank, item) and self.view.outcome is not None:
+            elif self._take(rank, item) and self.view.outcome is not None and not to_the_end:
                 return
 
     def _take(self, rank: int, event: LogEvent) -> bool:
@@ -267,7 +268,10 @@ class Keeper:
         if decision.act is Act.WAIT:
             return None
         if decision.act is Act.FINISH and decision.reason == Outcome.FAILED and self.target.kind == "cluster":
-            try:  # one fresh member listing: a failure that follows a lost peer is the host's, not the job's
+            # the other nodes' END lines still in flight first (a node that ended with the job is no lost peer),
+            # then one fresh member listing: a failure that follows a lost peer is the host's, not the job's
+            self._drain(self.options.settle_s, to_the_end=True)
+            try:
                 self.observed = self.target.poll(self.state, set(), members=True)
             except ApiError as exc:
                 if exc.kind not in _TRANSIENT:
