@@ -327,11 +327,10 @@ def _pid_alive(pid: int) -> bool:
     """A rank's process still runs (not gone, not a zombie); an unknown pid (0) counts as alive."""
     if pid <= 0:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    from podguard.procfs import read_stat
+
+    stat = read_stat(pid)
+    return stat is not None and stat.state != "Z"
 
 
 def _kind_of(fault: GpuFault) -> str:
