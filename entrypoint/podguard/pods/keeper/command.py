@@ -140,7 +140,7 @@ def _keep_here(
         client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
     except PodguardError as exc:
         if deployed:  # an unfilled secret reference: nothing here can reach the API, not even to stop this pod
-            _park(exc, stopped=False)
+            _park(exc, stopped=False, wait_s=options.park_s)
         raise
     scrub = load_api_key().scrub
     store = KeepStore.open(spec.name)
@@ -173,7 +173,8 @@ def _keep_here(
         except PodguardError as exc:
             if deployed and exc.code != ExitCode.GPUS_BUSY:  # 75 may pass on a retry; the rest do not: no crash loop
                 events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")
-                _park(exc, stopped=end_own_pod(client, events.note, failed=exc.message))
+                stopped = end_own_pod(client, events.note, failed=exc.message)
+                _park(exc, stopped=stopped, wait_s=options.park_s)
             raise
         _summary(request, spec, result, store)
         if deployed and result.outcome != "interrupted":
@@ -184,29 +185,20 @@ def _keep_here(
         store.unlock()
 
 
-PARK_S = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before its container exits
-
-
-def _park(exc: PodguardError, *, stopped: bool) -> None:
+def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
     """Inside a keeper pod, after an error no retry fixes: RunPod restarts a container that exits, so a keeper
     that could not stop its own pod (a refused or missing key) waits, announced, before exiting: one try per
-    PODGUARD_KEEP_PARK_S (default 10 min), not a crash loop hammering the API."""
+    PODGUARD_KEEP_PARK_S (default 10 min, `KeepOptions.park_s`), not a crash loop hammering the API. There is
+    nothing to poll for: no request can succeed, and a signal (RunPod's stop) ends the wait."""
     if stopped:
         return
     import time
 
-    raw = os.environ.get("PODGUARD_KEEP_PARK_S", "").strip()
-    try:
-        wait = float(raw) if raw else PARK_S
-    except ValueError:
-        wait = PARK_S
-    if not 0 <= wait < 1e6:  # nan, inf, negative: the default
-        wait = PARK_S
     _say(
-        f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait:g} s before exiting (RunPod "
+        f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait_s:g} s before exiting (RunPod "
         "restarts it then): fix the secret and `podguard pod keep --deploy` again, or `podguard pod down` the keeper"
     )
-    time.sleep(max(0.0, wait))
+    time.sleep(wait_s)
 
 
 def _notes(spec: PodSpec, events: Events) -> None:

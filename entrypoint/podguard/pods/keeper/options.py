@@ -4,7 +4,7 @@
 
 The knobs below are for tests and tuning, not user options: PODGUARD_KEEP_SILENCE_S (the 15-minute silence
 that marks a lost host), PODGUARD_KEEP_SETTLE_S, PODGUARD_KEEP_RECOVERY_POLL_S, PODGUARD_KEEP_CAPACITY_WAIT_S
-and PODGUARD_KEEP_CAPACITY_WAIT_CAP_S (see docs/running-pods.md).
+PODGUARD_KEEP_CAPACITY_WAIT_CAP_S and PODGUARD_KEEP_PARK_S (see docs/running-pods.md).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class KeepOptions:
     recovery_poll_s: float = 5.0  # while a recovered pod comes up: polls at most this far apart
     capacity_wait_s: float = 30.0  # the first wait for capacity; doubles up to the cap
     capacity_wait_cap_s: float = 600.0
+    park_s: float = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before exiting
 
 
 KNOBS = {
@@ -37,6 +38,7 @@ KNOBS = {
     "recovery_poll_s": "PODGUARD_KEEP_RECOVERY_POLL_S",
     "capacity_wait_s": "PODGUARD_KEEP_CAPACITY_WAIT_S",
     "capacity_wait_cap_s": "PODGUARD_KEEP_CAPACITY_WAIT_CAP_S",
+    "park_s": "PODGUARD_KEEP_PARK_S",
 }
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
