@@ -89,8 +89,8 @@ def _nvlink(gpu: GpuSnapshot, peer_links: int | None) -> list[Degraded]:
         return [Degraded("nvlink_down", text, {"active": active, "links": links})]
     if active == 0 and bridged:  # a card without a bridge: nothing to be down
         return []
-    # A bridged card's link count is the chip's, not the bridge's: a healthy H100 NVL pair is "NV12" in
-    # `nvidia-smi topo -m` on a chip with 18 links. Only its same-model peers tell a bridge that lost links.
+    # A bridged card's link count is the chip's, not the bridge's: a healthy H100 NVL pair is rated 600 GB/s, 12
+    # of the chip's 18 links (docs/gate.md, with the sources). Only its same-model peers tell a lost link.
     if peer_links is not None and active < peer_links:
         text = f"NVLink {active} of {links} links active, other GPUs of this model have {peer_links} up"
         return [Degraded("nvlink_down", text, {"active": active, "links": links, "peer_links": peer_links})]

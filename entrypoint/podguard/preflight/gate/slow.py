@@ -48,8 +48,8 @@ METRICS: dict[str, str] = {  # metric -> unit
 }
 NODE_METRICS = frozenset({"allreduce_busbw_gbps"})
 # Metrics judged only against their floor, never against the other GPUs: a host-to-device copy measures the host's
-# path (the link it gives the card, a switch uplink, which NUMA node the probe's pinned buffer landed on: a remote
-# socket costs a healthy GPU a third of its copy speed), not the GPU. docs/gate.md ("Slow GPUs").
+# path (the link it gives the card, a switch uplink, which NUMA node the probe's pinned buffer landed on), not the
+# GPU. docs/gate.md ("Slow GPUs").
 FLOOR_ONLY_METRICS = frozenset({"h2d_gbps"})
 
 
