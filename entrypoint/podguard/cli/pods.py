@@ -62,6 +62,8 @@ SpecFile = Annotated[
 
 def register(app: typer.Typer, only: str | None = None) -> None:
     if only in (None, "pod"):
+        from podguard.cli import pod_recovery  # noqa: F401 (its commands, heal and keep, join pod_app)
+
         app.add_typer(pod_app, name="pod")
     if only in (None, "template"):
         app.add_typer(template_app, name="template")
@@ -378,116 +380,6 @@ def restart(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: Retr
 def down(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
     """Terminate the pod (its network volume stays). A pod that is already gone is success."""
     _lifecycle(pod, "terminate", as_json, api, retry_for)
-
-
-@pod_app.command("heal")
-def heal(
-    pod: PodRef,
-    replace: Annotated[
-        bool, typer.Option("--replace", envvar="PODGUARD_REPLACE", help="Last step: replace it on another machine.")
-    ] = False,
-    timeout: Annotated[
-        float, typer.Option("--timeout", envvar="PODGUARD_TIMEOUT", min=0.0, help="Seconds per step.")
-    ] = 900.0,
-    as_json: Json = False,
-    api: Api = None,
-    retry_for: RetryFor = 60.0,
-) -> None:
-    """Restart, then stop+start (fresh driver state), then with --replace an identical pod elsewhere."""
-    from podguard.pods.heal import heal as run_heal
-    from podguard.pods.heal import heal_record
-
-    client, target = _client_and_pod(api, retry_for, pod, member_as_cluster=True)
-    progress = _progress()
-    if _is_cluster(target):
-        _heal_cluster(client, target, replace, timeout, as_json, progress)
-        return
-    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
-    progress.close()
-    record = heal_record(target, result)
-    _note_heal_record(target.id, record, progress)
-    _show(result.pod, as_json, {"heal": record})
-    if result.code != ExitCode.OK:
-        lines = [result.message, *[f"  | {line}" for line in result.lines]]
-        raise PodguardError("\n".join(lines), result.code)
-
-
-def _heal_cluster(
-    client: PodApi, cluster: Cluster, replace: bool, timeout: float, as_json: bool, progress: Progress
-) -> None:
-    from podguard.pods.clusters import commands
-
-    try:
-        record = commands.heal(
-            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=_tuning(), progress=progress
-        )
-    except commands.HealFailed as failed:
-        _note_heal_record(cluster.id, failed.record, progress)
-        raise
-    _note_heal_record(cluster.id, record, progress)
-
-
-def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress) -> None:
-    from podguard.pods.heal import save_heal_record
-
-    where = save_heal_record(target_id, record)
-    if where:
-        progress.say(f"heal record: {where}")
-
-
-@pod_app.command("keep")
-def keep(
-    spec_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--spec", envvar="PODGUARD_SPEC", help="The pod spec (TOML), e.g. runpod/pod.toml.", show_default=False
-        ),
-    ] = None,
-    poll: Annotated[
-        float, typer.Option("--poll", envvar="PODGUARD_POLL", help="Seconds between status requests (one each).")
-    ] = 30.0,
-    max_recoveries: Annotated[
-        int,
-        typer.Option(
-            "--max-recoveries",
-            envvar="PODGUARD_MAX_RECOVERIES",
-            help="Starts and replacements at most; then leave it stopped and exit 75.",
-        ),
-    ] = 5,
-    notify: Annotated[
-        str | None,
-        typer.Option(
-            "--notify",
-            envvar="PODGUARD_NOTIFY",
-            help="Webhook URL: a JSON post (text and content: Slack, Discord) per recovery, the end, a give-up.",
-            show_default=False,
-        ),
-    ] = None,
-    deploy: Annotated[
-        bool,
-        typer.Option("--deploy", envvar="PODGUARD_DEPLOY", help="Run the keeper as a small CPU pod (<name>-keeper)."),
-    ] = False,
-    key_secret: Annotated[
-        str | None,
-        typer.Option(
-            "--key-secret",
-            envvar="PODGUARD_KEY_SECRET",
-            help="With --deploy: the RunPod secret holding the API key (default runpod_api_key).",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: Json = False,
-    api: Api = None,
-    retry_for: RetryFor = 60.0,
-) -> None:
-    """`pod up`, then watch the pod (or cluster) and its job until it is over, recovering what breaks."""
-    from podguard.pods.keeper.command import KeepRequest
-    from podguard.pods.keeper.command import keep as run_keep
-
-    request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json)
-    code = run_keep(request, lambda spec: _api(api, retry_for, spec=spec))
-    if code:
-        raise typer.Exit(code)
 
 
 @template_app.command("push")
