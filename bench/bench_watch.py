@@ -9,10 +9,14 @@
 3. Hang detection latency: a 2-worker job prints a line and hangs; from the moment podguard printed that line
    to podguard's exit, minus `--hang-timeout` (the workers die at SIGTERM: no grace is spent); and the stack capture's
    time per worker from the run's hang record.
+4. A hung job with a py-spy that cannot be ended (blocked in the kernel on a FUSE file that never answers, as
+   root with /dev/fuse; else one that ignores SIGTERM): last line -> podguard's exit, against the contract's
+   --hang-timeout + 60 s (PODGUARD_HANG_END_S left at its default). `--quick` skips it (it takes about a minute).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -72,6 +76,41 @@ def hang_latency(env: dict[str, str], state: Path) -> tuple[float, list[float]]:
     return ended - last - HANG_TIMEOUT_S, per_worker
 
 
+def blocked_py_spy_end(env: dict[str, str], state: Path) -> tuple[float, str]:
+    """(seconds from the job's last line to podguard's exit, which stand-in py-spy blocked)."""
+    sys.path.insert(0, str(ROOT / "tests" / "launch"))
+    from fuse_stall import StallFs
+
+    job = state / "stuck.py"
+    job.write_text(STUCK)
+    fake = state / "py-spy"
+    with contextlib.ExitStack() as stack:
+        if StallFs.available():
+            fs = stack.enter_context(StallFs(state / "mnt"))
+            fake.write_text(f"#!/bin/sh\nexec cat {fs.file}\n")
+            kind = "blocked in the kernel (FUSE read, D state past SIGKILL)"
+        else:
+            fake.write_text(f"#!{sys.executable}\nimport signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                            "time.sleep(3600)\n")  # fmt: skip
+            kind = "ignoring SIGTERM"
+        fake.chmod(0o755)
+        args = ["run", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", str(GRACE_S)]
+        proc = subprocess.Popen(
+            [*PODGUARD, *args, "--", sys.executable, str(job)],
+            env={**env, "LD_LIBRARY_PATH": "", "PODGUARD_STATE_DIR": str(state), "PODGUARD_PY_SPY": str(fake)},
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        last = None
+        for line in proc.stdout:
+            if line.rstrip().endswith("ready"):
+                last = time.monotonic()
+        code = proc.wait()
+        if code != 79 or last is None:
+            raise SystemExit(f"expected exit 79 after a line, got {code}")
+        return time.monotonic() - last, kind
+
+
 def main() -> int:
     with_board, without = heartbeat_us()
     print(f"heartbeat(step): {with_board:.2f} us per call with podguard's board, {without:.3f} us without one")
@@ -99,6 +138,13 @@ def main() -> int:
         )
         if capture:
             print(f"stack capture per worker: median {statistics.median(capture):.0f} ms (max {max(capture):.0f} ms)")
+        if "--quick" not in sys.argv:
+            with tempfile.TemporaryDirectory() as state:
+                took, kind = blocked_py_spy_end(env, Path(state))
+            print(
+                f"hung job with a py-spy {kind}: last line -> exit {took:.1f} s "
+                f"(contract: --hang-timeout {HANG_TIMEOUT_S:g} s + 60 s = {HANG_TIMEOUT_S + 60:g} s)"
+            )
     finally:
         node.teardown()
     return 0

@@ -21,6 +21,10 @@ BENCHES = [
     "bench_stacks.py",
     "bench_watch.py",
     "bench_keep.py",
+    "bench_keep_soak.py",
+    "bench_false_hangs.py",
+    "bench_checkpoints.py",
+    "bench_metrics.py",
 ]
 
 

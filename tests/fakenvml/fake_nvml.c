@@ -93,6 +93,7 @@ typedef struct {
     unsigned long long clock_events_first; /* what the first clock_events_reads reads answer (a transient bit) */
     unsigned int clock_events_reads, clock_events_done;
     unsigned int temp, temp_slowdown, temp_shutdown;
+    unsigned int power_mw; /* nvmlDeviceGetPowerUsage: milliwatts */
     unsigned int pcie_width, pcie_width_max;
     unsigned int pcie_gen, pcie_gen_max;
     unsigned int nvlink_links;     /* links the GPU has; 0: no NVLink (NOT_SUPPORTED) */
@@ -128,6 +129,7 @@ typedef struct {
     int n_xid;
     xid_t xid[MAX_XIDS];
     nvmlReturn_t event_wait_error; /* what nvmlEventSetWait* answers instead of waiting (0: wait) */
+    int event_wait_hang;           /* nvmlEventSetWait* never returns while this is set (a GPU that stopped answering) */
 } scenario_t;
 
 /* A registered (real, local) GPU process, read from the registry directory. */
@@ -253,6 +255,7 @@ static void gpu_defaults(gpu_t *g, int i) {
     g->temp = 33;
     g->temp_slowdown = 87;
     g->temp_shutdown = 92;
+    g->power_mw = 70000; /* an idle H100 SXM draws ~70 W */
     g->pcie_width = g->pcie_width_max = 16;
     g->pcie_gen = g->pcie_gen_max = 5;
     g->nvlink_links = 18; /* H100 SXM: 18 NVLink 4 links */
@@ -334,6 +337,7 @@ static void set_gpu_key(gpu_t *g, const char *k, const char *v) {
     else if (!strcmp(k, "temp")) g->temp = (unsigned int)num(v);
     else if (!strcmp(k, "temp_slowdown")) g->temp_slowdown = (unsigned int)num(v);
     else if (!strcmp(k, "temp_shutdown")) g->temp_shutdown = (unsigned int)num(v);
+    else if (!strcmp(k, "power_mw")) g->power_mw = (unsigned int)num(v);
     else if (!strcmp(k, "pcie_width")) g->pcie_width = (unsigned int)num(v);
     else if (!strcmp(k, "pcie_width_max")) g->pcie_width_max = (unsigned int)num(v);
     else if (!strcmp(k, "pcie_gen")) g->pcie_gen = (unsigned int)num(v);
@@ -399,6 +403,7 @@ static void parse_line(scenario_t *sc, char *line) {
         x->after_ms = 0;
         if (sscanf(v, "%u , %u , %u", &x->gpu, &x->code, &x->after_ms) >= 2) sc->n_xid++;
     } else if (!strcmp(k, "event_wait_error")) sc->event_wait_error = parse_error(v);
+    else if (!strcmp(k, "event_wait_hang")) sc->event_wait_hang = atoi(v);
     else if (!strcmp(k, "version")) { /* format version, informative */
     } else fprintf(stderr, "fake NVML: unknown scenario key '%s'\n", k);
 }
@@ -1211,6 +1216,14 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensor
     API_RETURN(NVML_SUCCESS);
 }
 
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    API_BEGIN();
+    DEVICE(device, "power", 0, g);
+    if (!power) API_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *power = g->power_mw;
+    API_RETURN(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType,
                                                unsigned int *temp) {
     API_BEGIN();
@@ -1363,7 +1376,8 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ev
  * again) to a set that watches its GPU, no earlier than after_ms after the later of the set's creation and the
  * moment this process first read the line: an XID written into the scenario while a long-lived set is polled
  * arrives after_ms after the fake notices it. Otherwise wait until the timeout, re-reading the scenario.
- * `event_wait_error` makes every wait answer that error at once (a broken event API). */
+ * `event_wait_error` makes every wait answer that error at once (a broken event API); `event_wait_hang=1` makes
+ * every wait block, whatever its timeout, until the line is gone (an NVML call that never returns). */
 static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     pthread_mutex_lock(&g_lock);
     g_calls++;
@@ -1373,6 +1387,13 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsign
     for (;;) {
         reload(0);
         if (g_sc.event_wait_error != NVML_SUCCESS) API_RETURN(g_sc.event_wait_error);
+        if (g_sc.event_wait_hang) { /* blocked past any timeout until the scenario drops the line */
+            pthread_mutex_unlock(&g_lock);
+            struct timespec hang = {0, 5000000L};
+            nanosleep(&hang, NULL);
+            pthread_mutex_lock(&g_lock);
+            continue;
+        }
         double now = now_mono(), next_due = deadline;
         for (int i = 0; i < g_sc.n_xid; i++) {
             const xid_t *x = &g_sc.xid[i];

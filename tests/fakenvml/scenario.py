@@ -23,6 +23,7 @@ File format (one `key=value` per line, `#` comments)::
     proc=<pid>,<gpu>,<mem_mib>[,compute|graphics[,<mig slot>]]   # static process (may be a host PID)
     xid=<gpu>,<xid>[,<after_ms>]           # delivered once by nvmlEventSetWait_v2 (see "XIDs" below)
     event_wait_error=UNKNOWN               # nvmlEventSetWait* answers this error at once (a broken event API)
+    event_wait_hang=1                      # nvmlEventSetWait* blocks, whatever its timeout, until the line is gone
 
 Field names for `unsupported`/`fail`: see `FIELDS`.
 
@@ -67,6 +68,7 @@ FIELDS: frozenset[str] = frozenset(
         "clock_events",  # event and throttle reasons
         "temperature",
         "temperature_threshold",
+        "power",  # nvmlDeviceGetPowerUsage
         "pcie_width",
         "pcie_width_max",
         "pcie_gen",  # nvmlDeviceGetCurrPcieLinkGeneration
@@ -158,6 +160,7 @@ class GpuSpec:
     temperature_c: int = 33
     temperature_slowdown_c: int = 87
     temperature_shutdown_c: int = 92
+    power_mw: int = 70000  # nvmlDeviceGetPowerUsage (milliwatts)
     pcie_width: int = 16
     pcie_width_max: int = 16
     pcie_gen: int = 5
@@ -217,6 +220,7 @@ class GpuSpec:
             "temp": self.temperature_c,
             "temp_slowdown": self.temperature_slowdown_c,
             "temp_shutdown": self.temperature_shutdown_c,
+            "power_mw": self.power_mw,
             "pcie_width": self.pcie_width,
             "pcie_width_max": self.pcie_width_max,
             "pcie_gen": self.pcie_gen,
@@ -275,6 +279,7 @@ class Scenario:
     release_delay_ms: int = 0
     procs_dir: Path | None = None
     event_wait_error: str | None = None  # NVML error name every nvmlEventSetWait* answers (a broken event API)
+    event_wait_hang: bool = False  # every nvmlEventSetWait* blocks until a rewrite drops it (NVML not answering)
     description: str = ""
 
     def gpu(self, index: int) -> GpuSpec:
@@ -301,6 +306,8 @@ class Scenario:
             lines.append(f"procs_dir={self.procs_dir}")
         if self.event_wait_error:
             lines.append(f"event_wait_error={self.event_wait_error}")
+        if self.event_wait_hang:
+            lines.append("event_wait_hang=1")
         for i, gpu in enumerate(self.gpus):
             if gpu.index != i:
                 raise ValueError(f"gpus[{i}] has index {gpu.index}; indices must be 0..n-1 in order")

@@ -86,7 +86,10 @@ def test_image_run_runs_the_spec_like_runpod(pod) -> None:
     wait_for(lambda: _ssh_ok(port, key), "an SSH login with ~/.ssh/id_ecdsa.pub", 30, name)
     # RunPod restarts the container when its command exits: end the command, and it comes back.
     wait_for_log(name, "POD-UP")
-    docker("exec", name, "kill", "-TERM", "1", check=True)
+    # Detached: a waited-for exec races with PID 1's death (the engine SIGKILLs the exec with the container: 137).
+    # Not `docker kill --signal TERM`: it disables the restart policy this step checks until the next start
+    # (docs.docker.com/reference/cli/docker/container/kill/; moby's killWithSignal calls ExitOnNext).
+    docker("exec", "--detach", name, "kill", "-TERM", "1", check=True)
     wait_for_log(name, "POD-UP", deadline_s=60, count=2)
     assert int(docker("inspect", "-f", "{{.RestartCount}}", name).stdout) == 1
 

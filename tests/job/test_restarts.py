@@ -1,11 +1,11 @@
-"""`--restarts` (job/restarts.py) and the END/RESTART lines a keeper reads (job/final.py): the rules alone."""
+"""`--restarts` (job/restarts.py) and the END/RESTART lines a keeper reads (outcome_lines.py): the rules alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from podguard.job.final import END_LINE, KINDS, end_line, restart_line
 from podguard.job.restarts import CRASH_LOOP, FIRST_MINUTE_S, MAX_DELAY_S, Failure, RestartPolicy, made_progress
+from podguard.outcome_lines import END_LINE, KINDS, end_line, restart_line
 
 CRASH = Failure(1, "crash", "", progressed=False)
 HANG = Failure(79, "hang", "no progress", progressed=False)

@@ -403,3 +403,50 @@ def test_fake_xid_kept_by_a_rewrite_is_not_delivered_again_and_a_new_one_is(nvml
         assert [(e.gpu_index, e.xid) for e in events.poll()] == [(1, 48)]
     finally:
         events.close()
+
+
+# --- NVML off the supervisor's loop (issue 23, item 10) ----------------------------------------------------
+
+STEPPER = """
+import os, pathlib, sys, time
+pathlib.Path(os.environ["READY"] + os.environ["RANK"]).touch()
+for i in range(15):
+    print(f"rank {os.environ['RANK']} step {i}", flush=True)
+    time.sleep(0.2)
+time.sleep(3600)  # then it hangs: the hang watch must still find it while NVML does not answer
+"""
+
+
+def test_an_nvml_call_that_never_returns_is_a_finding_not_a_frozen_supervisor(nvml_node, tmp_path, monkeypatch):
+    monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PODGUARD_PROBE", "off")
+    for var in ("GPU_LIST", "CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "RUNPOD_GPU_COUNT", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    job = tmp_path / "stepper.py"
+    job.write_text(STEPPER)
+    scenario = nvml_node.write(healthy_h100(2))
+    ready = tmp_path / "ready"
+    env = {**nvml_node.env, "READY": str(ready), "PODGUARD_NVML_STALL_S": "1"}
+    args = ["train", "--mode", "per-gpu", "--hang-timeout", "2", "--grace", "1", "--", sys.executable, str(job)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "podguard", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+            time.sleep(0.05)
+        scenario.event_wait_hang = True  # every nvmlEventSetWait from now on blocks
+        nvml_node.write(scenario)
+        stuck_at = time.monotonic()
+        out, _ = proc.communicate(timeout=40)  # the old loop froze inside NVML: this timed out
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 79, out[-3000:]  # the hang watch still ran while NVML was stuck
+    assert time.monotonic() - stuck_at < 20
+    assert "podguard: GPU watch: NVML has not answered for " in out, out[-3000:]
+    assert "rank 1 step 14" in out  # the workers' lines kept flowing through the loop
+    (run,) = sorted((tmp_path / "state" / "runs").iterdir())
+    assert "NVML has not answered" in (run / "watch.json").read_text()

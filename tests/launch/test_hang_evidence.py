@@ -180,7 +180,8 @@ def test_under_torchrun_the_ranks_are_found_below_the_agent_and_its_rank_wrapper
 
 
 def test_a_rank_s_own_children_and_a_shell_in_front_are_not_ranks(tmp_path: Path) -> None:
-    """bash -> python (RANK=3) -> python child (a data-loader worker inheriting RANK=3): the first Python only."""
+    """bash -> python (RANK=3) -> python child (a data-loader worker inheriting RANK=3): the first Python is the
+    rank; the child is kept as the rank's child."""
     child = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
     script = f"{child} print('up', flush=True); import time; time.sleep(60)"
     argv = ["bash", "-c", f'{sys.executable} -c "{script}"; true']
@@ -188,9 +189,10 @@ def test_a_rank_s_own_children_and_a_shell_in_front_are_not_ranks(tmp_path: Path
         _wait_lines([proc], b"up", 1, 30)
         time.sleep(0.2)
         targets = find_rank_processes({"GPU1": proc.pid}, gpus={"GPU1": (1,)})
-    assert len(targets) == 1
+    assert [t.role for t in targets] == ["rank", "child"]  # the child's stacks are kept, not compared
     assert (targets[0].rank, targets[0].local_rank, targets[0].gpu) == (3, 1, 1)
     assert targets[0].pid != proc.pid  # the Python process, not bash
+    assert targets[1].rank is None and targets[1].pid not in (proc.pid, targets[0].pid)
     assert find_rank_processes({"gone": 2**22 + 7}) == []
 
 

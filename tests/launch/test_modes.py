@@ -1,4 +1,5 @@
-"""Launch modes: single, per-gpu (GPU and CPU-only), auto, --only-gpu, prefix formats."""
+"""Launch modes: single, per-gpu (GPU and CPU-only), auto, --only-gpu, prefix formats, the defaults every job gets
+(line-buffered C stdio, rich's TTY switches)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import pytest
 from podguard.errors import UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.modes import (
+    _stdbuf_lib,
+    job_env,
+    line_buffering_env,
     only_for_gpu,
     per_gpu_specs,
     pick_mode,
+    progress_bar_env,
     single_spec,
     validate_mode,
 )
@@ -156,3 +161,37 @@ def test_importing_the_launch_modules_does_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     assert subprocess.run([PY, "-c", code], check=False).returncode == 0
+
+
+# --- issue 23: line-buffered C stdio and rich's TTY switches for every job ---------------------------------------
+
+
+def test_every_job_gets_line_buffered_c_stdio_after_the_users_preload_unless_told_otherwise(monkeypatch):
+    lib = _stdbuf_lib()
+    if lib is None:
+        pytest.skip("coreutils' libstdbuf.so is not installed here")
+    for var in ("LD_PRELOAD", "_STDBUF_O", "ASAN_OPTIONS", "PODGUARD_LINE_BUFFERING"):
+        monkeypatch.delenv(var, raising=False)
+    env = single_spec(["./native"], _selection(())).env
+    assert env["LD_PRELOAD"] == lib and env["_STDBUF_O"] == "L"
+    assert env["ASAN_OPTIONS"] == "verify_asan_link_order=0"  # a gcc ASan build would refuse to start
+    assert per_gpu_specs(["./native"], _selection((0, 1)), master_port=29500)[1].env["_STDBUF_O"] == "L"
+    user = {"LD_PRELOAD": "/usr/lib/libjemalloc.so", "ASAN_OPTIONS": "detect_leaks=0"}
+    assert line_buffering_env(user) == {
+        "LD_PRELOAD": f"/usr/lib/libjemalloc.so:{lib}",  # the user's own preload stays first
+        "_STDBUF_O": "L",
+        "ASAN_OPTIONS": "detect_leaks=0:verify_asan_link_order=0",
+    }
+    assert line_buffering_env({"_STDBUF_O": "0"}) == {}  # the user chose a buffering: theirs
+    assert line_buffering_env({"PODGUARD_LINE_BUFFERING": "0"}) == {}
+    assert line_buffering_env({"LD_PRELOAD": lib}) == {}
+
+
+def test_rich_is_told_its_output_takes_redraws_unless_the_user_said_otherwise():
+    assert progress_bar_env({}) == {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+    assert progress_bar_env({"TTY_COMPATIBLE": "0"}) == {} and progress_bar_env({"TTY_INTERACTIVE": "0"}) == {}
+    code = "from rich.console import Console; c = Console(); print(c.is_terminal, c.is_interactive)"
+    pytest.importorskip("rich")
+    env = {**job_env(1), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]  # on a pipe: rich's live displays (Lightning's bar) now draw

@@ -124,3 +124,67 @@ def test_a_full_log_volume_under_a_real_torchrun_job_costs_the_logs_not_the_job(
     assert outcome.exit_code == 0, text[-3000:]
     assert text.count("rank0:rank 0 line ") == 200 and text.count("rank1:rank 1 line ") == 200
     assert text.count("warning: log file") == 3  # torchrun.log (podguard), rank0.log and rank1.log (wrappers)
+
+
+# --- issue 23, item 1: a hang is the job's verdict, not one node's ---------------------------------------------
+
+RANK0_LOGS = textwrap.dedent(
+    """
+    import datetime, os, threading, time
+    rank = int(os.environ["RANK"])
+    loading = threading.Event()
+
+    def say_loading():  # rank 0 logs while it starts (imports, rendezvous), as HF does
+        while not loading.wait(1.0):
+            print("rank 0 loading", flush=True)
+
+    if rank == 0:
+        threading.Thread(target=say_loading, daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    loading.set()
+    for step in range(int(os.environ["STEPS"])):
+        dist.all_reduce(torch.ones(1))
+        if rank == 0 and step % 4 == 0:
+            print(f"step {step}", flush=True)  # only rank 0 logs, every 2 s
+        time.sleep(0.5)
+    if rank == 0:
+        print("healthy phase over", flush=True)
+    time.sleep(3600)  # then every rank of both nodes stops: a real hang
+    """
+)
+
+
+def test_only_rank_0_logging_is_not_a_hang_on_node_1_and_a_real_hang_is_found_on_both(tmp_path: Path):
+    """Rank 0 (node 0) logs every 2 s under --hang-timeout 7: node 1, whose ranks print nothing, must not call
+    the job hung (it did after 7 s, killing the cluster job); once every rank stops, both nodes find the hang."""
+    script = tmp_path / "train.py"
+    script.write_text(RANK0_LOGS)
+    port = free_port_pair()
+    args = ["train", "--mode", "torchrun", "--grace", "2", "--hang-timeout", "7"]
+    procs = [
+        subprocess.Popen(
+            [*PODGUARD, *args, "--", sys.executable, str(script)],
+            env=cluster_node_env(tmp_path, rank, port, STEPS="24"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [proc.communicate(timeout=150)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    node0, node1 = outs
+    assert "rank0:healthy phase over" in node0, node0[-3000:]  # node 1 did not end the job while it trained
+    for code, out in zip((procs[0].returncode, procs[1].returncode), outs, strict=True):
+        assert code == 79, out[-3000:]
+        hung = out.index("podguard: HUNG: no progress for ")
+        assert hung > 0 and (out is node1 or hung > out.index("rank0:healthy phase over"))
+    assert "last progress: progress on node 0" in node1  # what node 1 last heard was node 0's

@@ -1,13 +1,18 @@
-"""The output multiplexer: whole lines, prefixes, '\\r', long lines, partial last lines, filters, logs."""
+"""The output multiplexer: whole lines, prefixes, '\\r', long lines, partial last lines, filters, logs; issue 23:
+hidden lines reach the logs and watchers, cursor moves, a raw terminal for a lone worker, torch elastic's
+SignalException condensed, the first error as the root cause, bytes without line ends as activity."""
 
 from __future__ import annotations
 
 import io
+import os
+import select
 import sys
 from pathlib import Path
 
 import pytest
 
+from podguard.launch.lines import HIDDEN
 from podguard.launch.printer import CONT_END, CONT_START, LINE_CAP, Printer
 from podguard.launch.run import run_job
 from podguard.launch.spec import WorkerSpec
@@ -181,3 +186,160 @@ def test_text_stream_without_a_file_descriptor():
     p.feed(s, "héllo\n".encode())
     p.flush()
     assert out.getvalue() == "GPU0:héllo\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 23: hidden lines still reach the logs and the watchers; cursor moves; raw terminal; tracebacks; activity.
+
+
+def test_lines_marked_hidden_skip_the_terminal_but_reach_the_log_and_the_watchers(tmp_path: Path):
+    """The torchrun rank wrapper marks the lines of ranks `--only-gpu` hides (it used to drop them: a false hang)."""
+    p, out = _printer()
+    s = p.add("torchrun", None, log_path=tmp_path / "torchrun.log")
+    seen: list[str] = []
+    p.watch_all(lambda name, line: seen.append(line))
+    _feed_all(p, s, [b"rank0:a\n" + HIDDEN + b"rank1:b\n", HIDDEN + b"rank1:c\n", b"rank0:d\n"])
+    p.finish()
+    assert out.getvalue() == b"rank0:a\nrank0:d\n"
+    assert seen == ["rank0:a", "rank1:b", "rank1:c", "rank0:d"]
+    assert (tmp_path / "torchrun.log").read_bytes() == b"rank0:a\nrank1:b\nrank1:c\nrank0:d\n"
+
+
+def test_cursor_moves_are_dropped_once_redraws_are_lines_and_colours_stay():
+    p, out = _printer()
+    s = p.add("job", None)
+    # tqdm's nested bars go up with ESC[A; rich erases with ESC[2K and hides the cursor
+    _feed_all(p, s, [b"\r 10%\r 20%\x1b[A\n", b"\x1b[?25l\r\x1b[2K\x1b[1A\x1b[2K\x1b[32mok\x1b[0m\n", b"\x1b[A\n"])
+    assert out.getvalue() == b" 10%\n 20%\n\x1b[32mok\x1b[0m\n"
+
+
+def test_a_lone_worker_on_a_terminal_redraws_in_place_and_its_log_gets_lines(tmp_path: Path):
+    """Single mode, one worker, a real terminal: its '\\r' redraws pass through raw (they used to become lines);
+    the log file and the watchers get whole lines, without cursor moves."""
+    master, slave = os.openpty()
+    try:
+        p = Printer(slave)
+        s = p.add("job", None, log_path=tmp_path / "job.log")
+        _feed_all(p, s, [b"epoch 1\n", b"\r 10%", b"\r 20%\x1b[A", b"\r 30%\n"])
+        p.message("podguard: done")
+        p.finish()
+        shown = b""
+        while select.select([master], [], [], 0.2)[0]:
+            shown += os.read(master, 65536)
+    finally:
+        os.close(master)
+        os.close(slave)
+    # (the pty turns \n into \r\n)
+    assert shown == b"epoch 1\r\n\r 10%\r 20%\x1b[A\r 30%\r\npodguard: done\r\n"
+    assert (tmp_path / "job.log").read_bytes() == b"epoch 1\n 10%\n 20%\n 30%\n"
+
+
+def test_a_raw_terminal_line_left_open_is_ended_before_podguards_line():
+    master, slave = os.openpty()
+    try:
+        p = Printer(slave)
+        s = p.add("job", None)
+        p.feed(s, b"\r 10%")
+        p.message("podguard: HUNG")
+        p.flush()
+        p.finish()
+        shown = os.read(master, 65536)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert shown == b"\r 10%\r\npodguard: HUNG\r\n"
+
+
+def test_a_raw_workers_last_partial_line_is_not_shown_twice_at_its_end(tmp_path: Path):
+    master, slave = os.openpty()
+    try:
+        p = Printer(slave)
+        s = p.add("job", None, log_path=tmp_path / "job.log")
+        _feed_all(p, s, [b"\r 10%", b"\r 20%"])  # it died mid-bar
+        p.finish()
+        shown = os.read(master, 65536)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert shown == b"\r 10%\r 20%\r\n"
+    assert (tmp_path / "job.log").read_bytes() == b" 10%\n 20%\n"
+
+
+TORCH_SIGNAL_TRACEBACK = b"""W1127 api.py:753] Received 15 death signal, shutting down workers
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 12000 got signal: 15
+"""
+
+
+def test_torch_elastics_signal_traceback_is_one_terminal_line_and_whole_in_the_log(tmp_path: Path):
+    p, out = _printer()
+    s = p.add("torchrun", None, log_path=tmp_path / "torchrun.log")
+    other = b"Traceback (most recent call last):\n  File 'x.py', line 1\nValueError: boom\n"
+    _feed_all(p, s, [other, TORCH_SIGNAL_TRACEBACK[:150], TORCH_SIGNAL_TRACEBACK[150:]])
+    p.finish()
+    assert out.getvalue() == other + (
+        b"W1127 api.py:753] Received 15 death signal, shutting down workers\n"
+        b"torch elastic stopped by signal 15 (its SignalException traceback: in the log file)\n"
+    )
+    assert (tmp_path / "torchrun.log").read_bytes() == other + TORCH_SIGNAL_TRACEBACK
+
+
+def test_a_traceback_cut_by_the_end_of_the_stream_is_still_shown():
+    p, out = _printer()
+    s = p.add("torchrun", None)
+    _feed_all(p, s, [b"Traceback (most recent call last):\n  File 'x.py', line 1\n"])
+    assert out.getvalue() == b"Traceback (most recent call last):\n  File 'x.py', line 1\n"
+
+
+def test_bytes_without_a_line_end_are_reported_as_activity():
+    p, _ = _printer()
+    s = p.add("job", None)
+    seen: list[str] = []
+    p.watch_activity(seen.append)
+    p.feed(s, b".")
+    p.feed(s, b".")
+    p.feed(s, b"")
+    assert seen == ["job", "job"]
+
+
+# Two ranks in one pipe (single mode: the framework starts them): rank 0 raises first, rank 1 then fails on the
+# closed connection and prints a long traceback and more lines: the summary's root cause is rank 0's error.
+TWO_RANKS = r"""
+import subprocess, sys, time
+first = '''
+import time
+time.sleep(0.2)
+def train_step():
+    raise ValueError("rank 0: loss is NaN at step 3")
+train_step()
+'''
+second = '''
+import sys, time
+time.sleep(0.8)
+print("Traceback (most recent call last):", file=sys.stderr)
+for i in range(30):
+    print(f'  File "/venv/torch/distributed/c10d.py", line {i}, in wait', file=sys.stderr)
+print("RuntimeError: Connection closed by peer [127.0.0.1]:29500", file=sys.stderr)
+for i in range(25):
+    print(f"rank 1: shutting down {i}")
+sys.exit(1)
+'''
+procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (first, second)]
+sys.exit(max(p.wait() for p in procs))
+"""
+
+
+def test_the_root_cause_of_ranks_sharing_one_pipe_is_the_first_error_by_time():
+    out = io.BytesIO()
+    outcome = run_job([WorkerSpec("job", (sys.executable, "-c", TWO_RANKS))], out=out)
+    assert outcome.exit_code == 1
+    assert outcome.root_cause is not None
+    assert outcome.root_cause.first_error[-1] == "ValueError: rank 0: loss is NaN at step 3"
+    said = out.getvalue().decode()
+    summary = said[said.index("podguard: ") :]  # (the job's own lines come first)
+    lead = summary.index("first error in the output of job: ValueError: rank 0: loss is NaN at step 3")
+    assert lead < summary.index("rank 1: shutting down 24")  # it leads; the last lines follow
+    assert "Connection closed by peer" not in summary[lead : summary.index("last ")]

@@ -123,7 +123,40 @@ def test_a_half_speed_rank_is_named_slow_after_persisting_and_once():
     assert slow.slot == 2 and slow.rate == pytest.approx(5.0) and slow.median == pytest.approx(10.0)
     assert found[PERSIST:] == [[], []]  # named once
     assert slow.text == "rank 2 is slow: 5 steps/s, below 0.8 x its peers' median 10 steps/s"
-    assert [s.slot for s in rates.named] == [2]
+    assert list(rates.named) == [2] and rates.named[2].count == 1
+
+
+def wobble(rates: StepRates, episodes: int) -> list[list[object]]:
+    """Rank 1 alternates between half speed and full speed (each phase long enough to be named slow)."""
+    steps = {0: 0, 1: 0}
+    t, warned = 0.0, []
+    for episode in range(episodes * 2):
+        slow = episode % 2 == 0
+        share = 0.3 if episode == 4 else 0.5  # its worst episode is the third slow one
+        for _ in range(120):
+            t += 0.1
+            for slot in (0, 1):
+                steps[slot] += 1 if slot == 0 or not slow or _ % round(1 / share) == 0 else 0
+                rates.observe(slot, steps[slot], t)
+            if _ % 8 == 7:
+                warned.append(rates.check(t))
+    return warned
+
+
+def test_a_wobbling_straggler_is_recorded_once_with_a_count_and_its_worst_share():
+    from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+
+    rates = StepRates(0.8)
+    warned = [w for w in wobble(rates, episodes=30) if w]
+    assert len(warned) >= 20  # warned each time it became slow again (a line each) ...
+    assert list(rates.named) == [1]  # ... but recorded once, however long it wobbles
+    record = rates.named[1]
+    assert record.count == len(warned) and record.worst.share == pytest.approx(0.3, abs=0.08)
+    watch = RuntimeWatch(RuntimeSettings(), Path("/nonexistent"))
+    watch.rates = rates
+    text = watch.stragglers_text()
+    assert text.startswith(f"stragglers: rank 1 x{record.count} (worst 0.") and len(text) < 80
+    assert len(watch.record()["stragglers"]) == 1 and watch.record()["stragglers"][0]["times"] == record.count
 
 
 def test_equal_ranks_and_a_ratio_of_zero_name_nobody():
@@ -300,3 +333,16 @@ def test_a_fault_on_the_workers_own_gpu_is_named_first_else_any_fatal_fault(tmp_
     assert watch.fault_of((1,)) is own and watch.fault_of((2,)) is peer and watch.fault_of(()) is peer
     assert watch.cause_of_exit((1,), 1) == (76, "GPU FAULT first: GPU 1: Xid 95")
     assert watch.cause_of_exit((1,), 0) is None
+
+
+def test_a_lockstep_job_whose_beats_all_stop_in_one_tick_names_the_rank_left_behind():
+    """Issue 23 item 16 (W2): in lockstep DDP every rank stops beating at once (the others wait in all_reduce), so the
+    job-wide rule fired first and the HUNG line named no rank. The rank whose step is behind is named."""
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    watch.beats({0: Beat(0, 41, 41, 5.0, 100, rank=0), 1: Beat(1, 40, 40, 4.9, 101, rank=1)}, 5.0)
+    hang = watch.check(15.5)
+    assert hang is not None and hang.ranks == (1,) and hang.text.startswith("rank(s) 1: ")
+    even = ProgressWatch(10.0, None, started_at=0.0)  # all at the same step: nobody is behind, nobody is named
+    even.beats({0: Beat(0, 41, 41, 5.0, 100), 1: Beat(1, 41, 41, 4.9, 101)}, 5.0)
+    hung = even.check(15.5)
+    assert hung is not None and hung.ranks == ()

@@ -5,6 +5,7 @@ for GPU faults (Xids and a lost GPU written into its scenario while the job runs
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -444,3 +445,83 @@ def test_a_restart_keeps_the_gpu_leases_and_gates_the_gpus_again(node, tmp_path)
     assert "attempt 1 rank 0: 2 of 2 GPU leases held" in proc.stdout, proc.stdout
     assert said(proc).count("podguard train: PASS on 2 GPU(s)") == 2
     assert end_line(said(proc)) == "podguard train: END success exit 0 after 2 attempt(s)"
+
+
+# --- issue 23: ranks a job starts itself, the board, a full state dir ------------------------------------------
+
+SPAWNED = """
+    import datetime, os, time
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+    def load_batch():
+        time.sleep(3600)  # rank 1's data loader never returns
+
+    def train(rank, world):
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
+        print(f"rank {rank} ready", flush=True)
+        if rank == 1:
+            load_batch()
+        dist.all_reduce(torch.ones(1))
+
+    if __name__ == "__main__":
+        mp.spawn(train, args=(2,), nprocs=2)
+    """
+
+
+@needs_pyspy
+def test_an_mp_spawn_job_keeps_both_ranks_stacks_and_names_the_stuck_one(node, tmp_path):
+    job = script(tmp_path, "spawned.py", SPAWNED)
+    proc = pg(
+        node, ["run", "--hang-timeout", "4", "--grace", "1", "--", sys.executable, job], env={"OMP_NUM_THREADS": "1"}
+    )
+    assert proc.returncode == 79, said(proc)[-3000:]
+    out = said(proc)
+    assert re.search(r"podguard: rank 0: spawned\.py:\d+ in train \(in all_reduce\)", out), out[-3000:]
+    assert re.search(r"podguard: rank 1: spawned\.py:\d+ in load_batch", out)
+    assert "rank 1 is the likely stuck rank" in out  # was: only the parent, in ProcessContext.join
+    (run,) = runs(tmp_path)
+    kept = {p.name for p in (run / "hang" / "stacks").iterdir()}
+    assert {"rank0.txt", "rank1.txt"} <= kept
+    record = json.loads((run / "hang" / "hang.json").read_text())
+    assert {s["role"] for s in record["stacks"]} >= {"rank", "helper"}  # mp's resource_tracker: kept, not compared
+
+
+BEATER = """
+    import os, time
+    from podguard.rank import heartbeat
+    rank = int(os.environ["LOCAL_RANK"])
+    for step in range(60):
+        if rank == 0 or step < 3:
+            heartbeat(step)
+        print(f"rank {rank} step {step}", flush=True)  # rank 1 prints on, but its heartbeats stop
+        time.sleep(0.1)
+    """
+
+
+def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, tmp_path):
+    job = script(tmp_path, "beater.py", BEATER)
+    args = ["train", "--mode", "torchrun", "--hang-timeout", "2", "--grace", "1", "--", sys.executable, job]
+    proc = pg(node, args, env={"NUM_TRAINERS": "2"})  # torchrun's 2 workers; the old board had 1 slot (0 GPUs)
+    assert proc.returncode == 79, said(proc)[-3000:]
+    assert "podguard: HUNG: rank(s) 1: no heartbeat for " in said(proc)
+
+
+def test_a_full_state_dir_degrades_to_warnings_and_the_job_runs(node, tmp_path):
+    state = tmp_path / "full"
+    state.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(state)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        fd = os.open(state / "fill", os.O_WRONLY | os.O_CREAT)
+        with pytest.raises(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        job = script(tmp_path, "beats.py", "from podguard.rank import heartbeat\nfor s in range(3): heartbeat(s)\n")
+        args = ["run", "--hang-timeout", "30", "--", sys.executable, job]
+        proc = pg(node, args, env={"PODGUARD_STATE_DIR": str(state)})
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+    assert proc.returncode == 0, said(proc)[-3000:]  # was: OSError: No space left on device, a traceback
+    assert "Traceback" not in said(proc)
+    assert end_line(proc.stderr).startswith("podguard run: END success exit 0")

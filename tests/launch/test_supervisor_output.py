@@ -3,14 +3,20 @@
 * a stalled stdout or a stalled log file must not delay signal forwarding, reaping or the kill deadline;
 * a signal arriving while the supervisor installs its handlers is not lost;
 * a log file that cannot be created or written costs that log (one warning), never the job.
+
+Issue 23: a C program's steps, dots without line ends and the lines of ranks `--only-gpu` hides all reach the
+watch and the log files (end to end, `podguard` as a subprocess on CPU).
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import io
 import json
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from jobproc import PODGUARD, run_podguard, script
 from podguard.launch.run import run_job
 from podguard.launch.spec import WorkerSpec
 
@@ -166,3 +173,123 @@ def test_log_folder_that_cannot_be_created_costs_the_log_not_the_job(tmp_path: P
     assert outcome.exit_code == 0
     text = out.getvalue().decode()
     assert "GPU0:hello" in text and text.count("warning: log file") == 1 and "cannot be opened" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 23: every line reaches the watch and the logs, whatever program prints it and whatever the terminal shows.
+
+STEPS_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    for (int i = 0; i < n; i++) { printf("step %d\n", i); usleep(300000); }
+    if (argc > 2) sleep(120);  /* then stuck: only a kill ends it */
+    return 0;
+}
+"""
+
+
+def _compile_steps(tmp_path: Path) -> str:
+    src = tmp_path / "steps.c"
+    src.write_text("#include <stdlib.h>\n" + STEPS_C)
+    exe = tmp_path / "steps"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    return str(exe)
+
+
+def _said(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+@pytest.mark.slow
+@needs_gcc
+def test_a_c_program_printing_steps_on_a_pipe_is_not_hung(cli_node, tmp_path: Path):
+    """stdout on a pipe is block-buffered in C: without line buffering nothing arrives for 4 KiB (was: 79)."""
+    exe = _compile_steps(tmp_path)
+    proc = run_podguard(cli_node, ["run", "--hang-timeout", "2", "--", exe, "12"], cpu=True)
+    assert proc.returncode == 0, _said(proc)[-2000:]
+    assert "HUNG" not in _said(proc) and "step 11" in proc.stdout
+
+
+@pytest.mark.slow
+@needs_gcc
+def test_a_c_programs_lines_arrive_while_it_runs_and_survive_a_kill(cli_node, tmp_path: Path):
+    exe = _compile_steps(tmp_path)
+    env = {**cli_node.env, "LD_LIBRARY_PATH": ""}
+    proc = subprocess.Popen(
+        [*PODGUARD, "run", "--grace", "1", "--", exe, "3", "stuck"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"step 2\n" not in seen and time.monotonic() < deadline:
+            os.set_blocking(proc.stdout.fileno(), False)
+            select.select([proc.stdout], [], [], 0.2)
+            seen += proc.stdout.read() or b""
+        assert b"step 0\nstep 1\nstep 2\n" in seen  # while it runs (it then sleeps for 2 minutes)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    (log,) = (tmp_path / "state" / "runs").glob("*/logs/job.log")
+    assert log.read_text().splitlines()[:3] == ["step 0", "step 1", "step 2"]
+
+
+@pytest.mark.slow
+def test_dots_without_line_ends_are_progress_when_no_pattern_is_given(cli_node, tmp_path: Path):
+    job = script(
+        tmp_path,
+        "dots.py",
+        "import sys, time\nfor _ in range(14):\n    sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.3)\n",
+    )
+    proc = run_podguard(cli_node, ["run", "--hang-timeout", "2", "--", PY, job], cpu=True)
+    assert proc.returncode == 0, _said(proc)[-2000:]
+    assert "." * 14 in proc.stdout
+    # with a --progress pattern, dots match nothing: the hang rule stands
+    proc = run_podguard(cli_node, ["run", "--hang-timeout", "2", "--progress", "^step", "--", PY, job], cpu=True)
+    assert proc.returncode == 79, _said(proc)[-2000:]
+
+
+SILENT_RANK0 = """
+import os, time
+rank = int(os.environ["RANK"])
+for i in range(12):
+    if rank == 1:
+        print(f"step {i}", flush=True)
+    time.sleep(0.4)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_only_gpu_in_torchrun_mode_filters_the_terminal_only(cli_node, tmp_path: Path):
+    """Rank 0 (shown) prints nothing; rank 1 (hidden) prints steps: not hung (was: 79), its lines in the logs."""
+    job = script(tmp_path, "silent.py", SILENT_RANK0)
+    args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--only-gpu", "0", "--hang-timeout", "2.5"]
+    proc = run_podguard(cli_node, [*args, "--", PY, job], cpu=True)
+    assert proc.returncode == 0, _said(proc)[-3000:]
+    assert "step" not in proc.stdout  # the terminal shows rank 0 only
+    (logs,) = (tmp_path / "state" / "runs").glob("*/logs")
+    assert (logs / "rank1.log").read_text().splitlines() == [f"step {i}" for i in range(12)]
+    torchrun_log = (logs / "torchrun.log").read_text()
+    assert "rank1:step 11" in torchrun_log and "\x1b]" not in torchrun_log
+
+
+def test_a_leftover_is_named_once():
+    """A failing job leaves a background process (one that outlives a SIGTERM): it was named twice ("SIGTERM to
+    leftover ..." while stopping, then "stopping leftover ..." when the cleanup began); once now."""
+    out = io.BytesIO()
+    stubborn = f"{PY} -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)'"
+    job = f"{stubborn} & echo $! ; sleep 0.3; exit 3"
+    outcome = run_job([WorkerSpec("job", ("bash", "-c", job))], out=out, grace_s=1.0)
+    assert outcome.exit_code == 3
+    said = out.getvalue().decode()
+    pid = said.splitlines()[0].strip()
+    named = [line for line in said.splitlines() if "leftover" in line and pid in line]
+    assert len(named) == 1, said

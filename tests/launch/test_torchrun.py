@@ -186,6 +186,34 @@ def test_launching_torchrun_inside_torchrun_or_nothing_is_refused(argv):
         classify_command(argv, {"PATH": os.path.dirname(sys.executable)})
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["accelerate", "launch", "--num_processes", "2", "train.py"], "accelerate launch"),
+        (["/opt/venv/bin/deepspeed", "train.py"], "deepspeed"),
+        (["lightning", "run", "model", "train.py"], "lightning's CLI"),
+        (["fabric", "run", "train.py"], "Fabric"),
+        (["python", "-m", "accelerate.commands.launch", "train.py"], "python -m accelerate.commands.launch"),
+        (["python", "-m", "deepspeed.launcher.runner", "train.py"], "python -m deepspeed.launcher.runner"),
+        (["mpirun", "-np", "2", "python", "train.py"], "mpirun"),
+    ],
+)
+def test_any_launcher_inside_torchrun_mode_is_refused_naming_it_and_what_to_do(argv, named):
+    """Issue 23 item 14: `--mode torchrun -- accelerate launch ...` ran two launchers (4 processes, same work)."""
+    with pytest.raises(UsageError) as err:
+        classify_command(argv, {"PATH": os.path.dirname(sys.executable)})
+    assert err.value.code == 64
+    text = str(err.value)
+    assert named in text and "--mode single -- " + argv[0] in text and "training script itself" in text
+
+
+def test_the_agent_and_so_every_rank_get_line_buffered_stdio_and_richs_tty_switches(tmp_path):
+    env = spec_for(tmp_path, argv=["./native_trainer", "--steps", "9"]).env
+    assert env["TTY_COMPATIBLE"] == env["TTY_INTERACTIVE"] == "1"
+    if Path("/usr/libexec/coreutils/libstdbuf.so").exists():
+        assert env["_STDBUF_O"] == "L" and env["LD_PRELOAD"].endswith("libstdbuf.so")
+
+
 def test_plain_mode_and_shutdown_timeout(tmp_path):
     a = spec_for(tmp_path, argv=[sys.executable, "-m", "pkg"], prefix_ranks=False, shutdown_timeout_s=5).argv
     assert a[-2:] == ("-m", "pkg") and "--no-python" not in a and opt(a, "--shutdown-timeout") == "5"

@@ -96,7 +96,7 @@ def live_pod(world: World, name: str = "trainer") -> PodRecord:
 
 
 def say_end(world: World, pod: PodRecord, kind: str, code: int, attempts: int = 1, detail: str = "") -> None:
-    """The END line podguard prints in the pod (job/final.py)."""
+    """The END line podguard prints in the pod (outcome_lines.py)."""
     tail = f": {detail}" if detail else ""
     world.emit(pod.id, f"podguard train: END {kind} exit {code} after {attempts} attempt(s){tail}")
 
@@ -106,6 +106,24 @@ def maintenance(world: World, pod: PodRecord) -> None:
     say_end(world, pod, "signal", 143, detail="received SIGTERM")
     time.sleep(0.05)
     world.act(pod.id, "stop")
+
+
+def inside_keeper(standin: Any, spec: Path, extra_env: dict[str, str], *, popen: bool = False) -> tuple[str, Any]:
+    """Deploy a keeper pod, then run `pod keep` the way its container would (RunPod filled in the key secret):
+    (keeper pod id, the finished process, or the running one with `popen`)."""
+    from pods_support import pg
+
+    deployed = pg(["pod", "keep", "--spec", str(spec), "--deploy", "--json"])
+    assert deployed.returncode == 0, deployed.stderr
+    keeper_id = json.loads(deployed.stdout)["id"]
+    (body,) = [json.loads(c.body) for c in standin.calls("POST", r"^/v2/pods$") if b"-keeper" in c.body]
+    env = {k: v for k, v in body["env"].items() if k != "RUNPOD_API_KEY"}
+    env["RUNPOD_POD_ID"] = keeper_id
+    full = {**os.environ, **KEEP_FAST, **env, "PODGUARD_POLL": POLL, **extra_env}
+    args = [*PODGUARD, "pod", "keep"]
+    if popen:
+        return keeper_id, subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return keeper_id, subprocess.run(args, env=full, capture_output=True, text=True, timeout=60)
 
 
 def state(tmp_path: Path, name: str = "trainer") -> dict[str, Any]:

@@ -9,7 +9,8 @@ writes the lines of a preflight run to the pod's log after `verdict_delay_s`. Wh
 depends on the machine's health: "ok" passes; "sick" fails until the pod is stopped and started again
 (fresh driver state); "broken" always fails (only a replacement helps); on an "error" machine every boot ends in
 ERROR. Tests may script lines instead. What goes wrong from outside: `lose_host` (RUNNING with no runtime and
-no more lines, its start refused), `set_error`, `vanish`, and `host_full_on_start` (a start refused for GPUs).
+no more lines, its start refused), `set_error`, `vanish`, `host_full_on_start` (a start refused for GPUs) and
+`gpus_on_start` (a start that gives the pod fewer GPUs, none at all after a resume).
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ class PodRecord:
 def verdict_lines(pod: PodRecord) -> list[str]:
     """What podguard's preflight prints in this pod on this start, by its machine's health."""
     n = pod.gpu_count
+    if pod.gpu_type and n == 0:  # RunPod started it without GPUs: the preflight finds none and ends 69
+        return [
+            "podguard train: FAIL on 0 GPU(s) in 12 ms",
+            "  no GPU is visible in this container: RunPod started the pod without GPUs",
+            "podguard train: END preflight exit 69 after 1 attempt(s)",
+        ]
     if pod.machine.health == "ok":
         return [
             "podguard: cleanup: no process holds the selected GPUs",
@@ -163,6 +170,7 @@ class World:
         self.new_machine_health: list[str] = []  # health of the next machines created, in order
         self.ignore_restart = False  # "restart returns 200 and does nothing"
         self.host_full_on_start = False
+        self.gpus_on_start: int | None = None  # a start gives the pod this many GPUs (a resume can give it none)
         self.balance_ok = True
         self.script: Callable[[PodRecord], list[str]] | None = None
         self.before_action: Callable[[PodRecord], None] | None = None  # e.g. the status changes under a client
@@ -309,6 +317,8 @@ class World:
             elif action == "start":
                 if self.host_full_on_start or pod.host_lost or pod.machine.free < pod.gpu_count:
                     raise Refusal(400, HOST_FULL)
+                if self.gpus_on_start is not None:
+                    pod.gpu_count = self.gpus_on_start
                 pod.machine.free -= pod.gpu_count
                 if pod.machine.health == "sick":
                     pod.machine.health = "ok"  # a fresh start resets the driver state

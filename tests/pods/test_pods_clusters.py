@@ -342,6 +342,7 @@ def test_member_actions_refused_with_400_or_403_are_refusals_not_failures(standi
         ("[cluster]\nnodes = 2\ntype = 'MPI'\n", "[cluster] type = 'MPI' is not valid; expected one of TRAINING"),
         ("[cluster]\nnodes = 2\nspread = true\n", "[cluster] spread is not a known key"),
         ("interruptible = true\n[cluster]\nnodes = 2\n", "interruptible is refused with [cluster]"),
+        ("[cluster]\nnodes = 2\n[limits]\nrestarts = 2\n", "[limits] restarts is refused with [cluster]"),
     ],
 )
 def test_bad_cluster_specs_are_64_with_one_line_and_no_request(standin, tmp_path, table, says):  # noqa: F811

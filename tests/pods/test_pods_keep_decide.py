@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from podguard.job.final import end_line, restart_line
+from podguard.outcome_lines import end_line, restart_line
 from podguard.pods.keeper.decide import Act, JobView, NodeState, Observed, Outcome, decide
 from podguard.pods.keeper.lines import CueKind, read_line
 from podguard.pods.model import PodStatus
@@ -26,7 +26,14 @@ def act(observed: Observed, view: JobView, *, quiet_for: float = 0.0, silence_s:
     return decide(observed, view, now=1000.0, quiet_since=quiet, silence_s=silence_s).act
 
 
-def test_the_lines_are_read_as_job_final_writes_them():
+def ran(rank: int = 0) -> JobView:
+    """A view of a pod that was seen running its container since its last start."""
+    view = JobView()
+    view.node(rank).ran = True
+    return view
+
+
+def test_the_lines_are_read_as_outcome_lines_writes_them():
     end = read_line(end_line("train", "failed", 3, 2, "worker 0 exited 3"))
     assert end is not None and (end.kind, end.word, end.code) == (CueKind.END, "failed", 3)
     restart = read_line(restart_line("run", 1, 3, 1.0, "crash (exit 1)", 1))
@@ -78,8 +85,8 @@ def test_status_decisions():
     assert act(Observed(None, {0: NodeState(None)}), view) is Act.REPLACE
     assert act(Observed(PodStatus.PROVISIONING, {0: NodeState(PodStatus.PROVISIONING)}), view) is Act.WAIT
     lost = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, False)})
-    assert act(lost, view, quiet_for=899) is Act.WAIT
-    assert act(lost, view, quiet_for=900) is Act.REPLACE
+    assert act(lost, ran(), quiet_for=899) is Act.WAIT
+    assert act(lost, ran(), quiet_for=900) is Act.REPLACE
     assert act(RUNNING, view, quiet_for=10_000) is Act.WAIT  # a quiet job on a live host is left alone
 
 
@@ -140,8 +147,45 @@ def test_a_cluster_failure_after_a_lost_peer_is_a_replacement_not_the_jobs_failu
 def test_the_silence_rule_holds_for_graphql_statuses_of_a_pod_meant_to_run():
     for status in (PodStatus.STARTING, PodStatus.PROVISIONING):
         lost = Observed(status, {0: NodeState(status, False)})
-        assert act(lost, JobView(), quiet_for=900) is Act.REPLACE
-        assert act(Observed(status, {0: NodeState(status, None)}), JobView(), quiet_for=900) is Act.WAIT
+        assert act(lost, ran(), quiet_for=900) is Act.REPLACE
+        assert act(Observed(status, {0: NodeState(status, None)}), ran(), quiet_for=900) is Act.WAIT
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [(PodStatus.PROVISIONING, "still PROVISIONING"), (PodStatus.RUNNING, "RUNNING with no container")],
+)
+def test_a_pod_never_seen_running_its_container_falls_under_the_ready_timeout_not_the_silence(status, says):
+    booting = Observed(status, {0: NodeState(status, False)})
+    quiet = {0: 0.0}
+    early = decide(booting, JobView(), now=1000.0, quiet_since=quiet, silence_s=900, booting_since=0.0, ready_s=1800)
+    assert early.act is Act.WAIT  # a slow image pull is not a lost host
+    late = decide(booting, JobView(), now=1800.0, quiet_since=quiet, silence_s=900, booting_since=0.0, ready_s=1800)
+    assert late.act is Act.REPLACE and "did not start within 30m ([ready] timeout_s)" in late.reason
+    assert says in late.reason
+
+
+def test_a_pod_started_with_fewer_gpus_than_its_spec_is_the_hosts_problem():
+    short = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True, (0, 2))})
+    decision = decide(short, JobView(), now=0.0, quiet_since={}, silence_s=900)
+    assert decision.act is Act.REPLACE and "with 0 of its 2 GPU(s)" in decision.reason
+    view = seen("podguard train: END preflight exit 69 after 1 attempt(s)")
+    assert view.outcome is None and act(RUNNING, view) is Act.REPLACE
+    view.after_recovery(replaced=True)
+    assert act(RUNNING, view) is Act.WAIT
+
+
+def test_the_end_line_stays_under_400_characters_and_its_checkpoint_is_read_back():
+    from podguard.outcome_lines import newest_checkpoint
+
+    fragment = "newest checkpoint /workspace/ckpt/checkpoint-1200 (step 1200, written 2026-11-27T08:00:00Z)"
+    line = end_line("train", "gpu-fault", 76, 2, fragment + "; " + "straggler rank 3 " * 100)
+    assert len(line) < 400 and line.endswith("…") and "\n" not in line
+    assert read_line(line) is not None
+    found = newest_checkpoint(line)
+    assert found is not None and (found.name, found.step) == ("checkpoint-1200", 1200)
+    assert newest_checkpoint("newest checkpoint /w/ckpt.pt (written 2026-11-27T08:00:00Z)").step is None
+    assert newest_checkpoint("job finished") is None
 
 
 def test_graphql_pods_tell_whether_a_container_runs():
@@ -151,3 +195,70 @@ def test_graphql_pods_tell_whether_a_container_runs():
     assert pod_from_graphql({**base, "runtime": None}).has_runtime is False
     assert pod_from_graphql({**base, "runtime": {"uptimeInSeconds": 5, "ports": []}}).has_runtime is True
     assert pod_from_graphql(base).has_runtime is None
+
+
+# -- the cases mutation testing (shared/tools/mutate.py on decide.py) showed untested ------------------------------
+@pytest.mark.parametrize("status", [PodStatus.EXITED, PodStatus.ERROR, PodStatus.TERMINATED, None])
+def test_a_cluster_failure_after_a_peer_stopped_errored_or_went_is_a_replacement(status):
+    failed = seen("podguard train: END failed exit 1 after 1 attempt(s)", rank=0)
+    observed = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True), 1: NodeState(status)}, True)
+    decision = decide(observed, failed, now=0.0, quiet_since={}, silence_s=900)
+    assert decision.act is Act.REPLACE and "node1 was lost" in decision.reason
+
+
+def test_a_cluster_is_replaced_on_a_stopped_aggregate_or_a_lost_node_alone_and_a_guard_wins_over_both():
+    stopped = Observed(PodStatus.EXITED, {}, cluster=True)
+    lost = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True)}, cluster=True, lost=(1,))
+    for observed in (stopped, lost):
+        decision = decide(observed, JobView(), now=0.0, quiet_since={}, silence_s=900)
+        assert (decision.act, decision.settle) == (Act.REPLACE, True)
+        assert "a cluster is replaced whole" in decision.reason
+    guard = seen("podguard: billing guard --max-cost: spent $150.00 (limit $150); stopping 8 worker(s)")
+    assert decide(lost, guard, now=0.0, quiet_since={}, silence_s=900).reason == "guard"
+
+
+def test_a_terminated_pod_is_gone_and_a_pods_reasons_name_the_pod():
+    gone = decide(Observed(PodStatus.TERMINATED), JobView(), now=0.0, quiet_since={}, silence_s=900)
+    assert gone.act is Act.REPLACE and "gone" in gone.reason
+    fault = seen("podguard train: END gpu-fault exit 76 after 1 attempt(s)")
+    assert decide(RUNNING, fault, now=0.0, quiet_since={}, silence_s=900).reason.endswith("on the pod")
+    lost = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, False)})
+    silent = decide(lost, ran(), now=1000.0, quiet_since={0: 0.0}, silence_s=900)
+    assert "on the pod (its host is lost)" in silent.reason and silent.settle is False
+    waiting = decide(RUNNING, JobView(), now=0.0, quiet_since={}, silence_s=900)
+    assert (waiting.act, waiting.reason, waiting.settle) == (Act.WAIT, "", False)
+
+
+def test_the_ready_timeout_spares_a_node_that_ran_or_has_a_runtime_and_covers_an_unlisted_cluster():
+    def late(observed: Observed, view: JobView) -> Act:
+        return decide(observed, view, now=100.0, quiet_since={}, silence_s=900, booting_since=0.0, ready_s=10).act
+
+    assert late(RUNNING, JobView()) is Act.WAIT  # a runtime: the container runs
+    assert late(Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, False)}), ran()) is Act.WAIT
+    assert late(Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, None)}), JobView()) is Act.WAIT
+    booting = Observed(PodStatus.PROVISIONING, {}, cluster=True)  # members never listed yet
+    assert late(booting, JobView()) is Act.REPLACE
+    assert late(Observed(PodStatus.RUNNING, {}, cluster=True), JobView()) is Act.WAIT
+    assert late(Observed(PodStatus.PROVISIONING, {0: NodeState(PodStatus.PROVISIONING, True)}), JobView()) is Act.WAIT
+
+
+def test_a_short_node_is_named_in_rank_order():
+    short = Observed(
+        PodStatus.RUNNING,
+        {1: NodeState(PodStatus.RUNNING, True, (0, 8)), 0: NodeState(PodStatus.RUNNING, True, (4, 8))},
+        cluster=True,
+    )
+    reason = decide(short, JobView(), now=0.0, quiet_since={}, silence_s=900).reason
+    assert "node0 with 4 of its 8 GPU(s)" in reason
+
+
+def test_what_the_lines_say_in_words_and_a_recovery_forgets_the_guard():
+    view = JobView()
+    assert not view.node(0).passed  # the keeper's status line says "waiting for the preflight"
+    assert view.take(0, read_line("podguard train: PASS on 2 GPU(s) in 842 ms")) == "preflight PASS: the job runs"
+    assert view.node(0).passed
+    restart = read_line(restart_line("train", 1, 3, 1.0, "crash (exit 1)", 1))
+    assert view.take(0, restart) == "in-pod restart 1 of 3 (the job relaunches itself; not the end)"
+    seen("podguard: billing guard --idle-stop: every GPU at or below 5 % utilisation for 30m", view=view)
+    view.after_recovery(replaced=False)
+    assert act(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED)}), view) is Act.START

@@ -59,6 +59,7 @@ COMMAND_MODULES: dict[str, str] = {
     "pod": "podguard.cli.pods",
     "template": "podguard.cli.pods",
     "image": "podguard.cli.image",
+    "checkpoints": "podguard.cli.checkpoints",
 }
 
 

@@ -15,7 +15,11 @@ from podguard.preflight.options import PreflightOptions
 
 PREFLIGHT_ALL = tuple(name for name in PREFLIGHT.params if name != "dry_run")
 LAUNCH_ALL = tuple(LAUNCH.params)
-RUN_LAUNCH = ("only_gpu", "on_exit", "idle_stop", "max_runtime", "max_cost", "hang_timeout", "progress", "restarts")
+RUN_LAUNCH = (
+    *("only_gpu", "on_exit", "idle_stop", "max_runtime", "max_cost", "hang_timeout", "progress", "restarts"),
+    *("checkpoints", "save_signal", "save_grace"),
+    *("metrics_port", "metrics_file"),
+)
 
 
 def register(app: typer.Typer, only: str | None = None) -> None:

@@ -334,6 +334,32 @@ LAUNCH = Group(
             metavar="N",
             panel=RUN_PANEL,
         ),
+        # checkpoints (checkpoints/, docs/checkpoints.md)
+        "checkpoints": Param(
+            ("--checkpoints",),
+            "Where the job writes its checkpoints: before each attempt the newest whole one is handed to the job as "
+            "PODGUARD_RESUME_FROM (and PODGUARD_RESUME_STEP); nothing there is ever changed.",
+            type=Path | None,
+            metavar="DIR",
+            panel=RUN_PANEL,
+        ),
+        "save_signal": Param(
+            ("--save-signal",),
+            "The signal that asks the job to save now (e.g. USR1): sent to every worker before a billing guard ends "
+            "the job, then podguard waits up to --save-grace for a new whole checkpoint (needs --checkpoints).",
+            parse=lambda raw: _save_signal(raw),
+            metavar="SIG",
+            panel=RUN_PANEL,
+        ),
+        "save_grace": Param(
+            ("--save-grace",),
+            "How long podguard waits for that save before it ends the job (e.g. 90s, 2m, or plain seconds; > 0; "
+            "default 2m).",
+            type=str,
+            parse=lambda raw: _save_grace(raw),
+            metavar="DURATION",
+            panel=RUN_PANEL,
+        ),
         "cluster_timeout_s": Param(
             ("--cluster-timeout",),
             "Multi-node: seconds every node waits for all nodes' preflight verdicts (the cluster gate) before "
@@ -352,8 +378,50 @@ LAUNCH = Group(
             metavar="PORT",
             panel=LAUNCH_PANEL,
         ),
+        # metrics (metrics/, docs/metrics.md)
+        "metrics_port": Param(
+            ("--metrics-port",),
+            "Serve Prometheus metrics (GPUs, ranks, restarts, spend) at http://0.0.0.0:PORT/metrics for the life of "
+            "the run (e.g. 9464; default off). A taken port is exit 64 before the job starts.",
+            ("PODGUARD_METRICS_PORT",),
+            parse=lambda raw: None if raw in (None, "") else parse_int(raw, "--metrics-port", 1, 65535),
+            metavar="PORT",
+            panel=RUN_PANEL,
+        ),
+        "metrics_file": Param(
+            ("--metrics-file",),
+            "Write the same metrics to PATH every 15 s, atomically (node_exporter's textfile collector: *.prom).",
+            ("PODGUARD_METRICS_FILE",),
+            parse=lambda raw: None if raw in (None, "") else Path(str(raw)).expanduser(),
+            metavar="PATH",
+            panel=RUN_PANEL,
+        ),
     },
 )
+
+
+def _save_signal(raw: Any) -> int | None:
+    """USR1, SIGUSR1 or 10; none/off/empty: no save request. SIGKILL and SIGSTOP cannot be caught: refused."""
+    import signal
+
+    text = "" if raw is None else str(raw).strip().upper()
+    if text in ("", "NONE", "OFF"):
+        return None
+    try:
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[name]
+    except (KeyError, ValueError):
+        sig = None
+    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise UsageError(f"--save-signal={raw!r} is not valid; expected a signal the job can catch, e.g. USR1 or USR2")
+    return int(sig)
+
+
+def _save_grace(raw: Any) -> float:
+    value = parse_duration(raw, "--save-grace")
+    if value is None:
+        raise UsageError(f"--save-grace={raw!r} is not valid; expected a duration > 0, e.g. 90s or 2m")
+    return value
 
 
 def _regex(raw: Any, name: str) -> str | None:

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from podguard.cli.pods import (
+from podguard.cli.pod_common import (
     Api,
     Json,
     PodRef,
     RetryFor,
-    _api,
-    _client_and_pod,
-    _is_cluster,
-    _progress,
-    _show,
-    _tuning,
+    api_client,
+    client_and_pod,
+    is_cluster,
+    new_progress,
     pod_app,
+    pod_tuning,
+    show,
 )
 from podguard.errors import ExitCode, PodguardError
 
@@ -46,16 +46,16 @@ def heal(
     from podguard.pods.heal import heal as run_heal
     from podguard.pods.heal import heal_record
 
-    client, target = _client_and_pod(api, retry_for, pod, member_as_cluster=True)
-    progress = _progress()
-    if _is_cluster(target):
+    client, target = client_and_pod(api, retry_for, pod, member_as_cluster=True)
+    progress = new_progress()
+    if is_cluster(target):
         _heal_cluster(client, target, replace, timeout, as_json, progress)
         return
-    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=_tuning(), progress=progress)
+    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=pod_tuning(), progress=progress)
     progress.close()
     record = heal_record(target, result)
     _note_heal_record(target.id, record, progress)
-    _show(result.pod, as_json, {"heal": record})
+    show(result.pod, as_json, {"heal": record})
     if result.code != ExitCode.OK:
         lines = [result.message, *[f"  | {line}" for line in result.lines]]
         raise PodguardError("\n".join(lines), result.code)
@@ -68,7 +68,7 @@ def _heal_cluster(
 
     try:
         record = commands.heal(
-            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=_tuning(), progress=progress
+            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=pod_tuning(), progress=progress
         )
     except commands.HealFailed as failed:
         _note_heal_record(cluster.id, failed.record, progress)
@@ -93,16 +93,16 @@ def keep(
         ),
     ] = None,
     poll: Annotated[
-        float, typer.Option("--poll", envvar="PODGUARD_POLL", help="Seconds between status requests (one each).")
-    ] = 30.0,
+        str, typer.Option("--poll", envvar="PODGUARD_POLL", help="Seconds between status requests (one each).")
+    ] = "30",
     max_recoveries: Annotated[
-        int,
+        str,
         typer.Option(
             "--max-recoveries",
             envvar="PODGUARD_MAX_RECOVERIES",
             help="Starts and replacements at most; then leave it stopped and exit 75.",
         ),
-    ] = 5,
+    ] = "5",
     notify: Annotated[
         str | None,
         typer.Option(
@@ -134,6 +134,6 @@ def keep(
     from podguard.pods.keeper.command import keep as run_keep
 
     request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json)
-    code = run_keep(request, lambda spec: _api(api, retry_for, spec=spec))
+    code = run_keep(request, lambda spec: api_client(api, retry_for, spec=spec))
     if code:
         raise typer.Exit(code)

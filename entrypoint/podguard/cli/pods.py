@@ -11,53 +11,34 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeGuard
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from podguard.cli.pod_common import (
+    Api,
+    Json,
+    PodRef,
+    RetryFor,
+    SpecFile,
+    api_client,
+    client_and_pod,
+    emit,
+    is_cluster,
+    new_progress,
+    pod_app,
+    pod_tuning,
+    show,
+    template_app,
+)
 from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
-    from podguard.pods.api import PodApi
-    from podguard.pods.clusters.model import Cluster
-    from podguard.pods.model import Pod
-    from podguard.pods.progress import Progress
+    from podguard.pods.model import PodAction
     from podguard.pods.readiness import ReadyOutcome
     from podguard.pods.spec import PodSpec
-    from podguard.pods.tuning import Tuning
 
-pod_app = typer.Typer(
-    name="pod",
-    help="Create, watch, restart and heal RunPod pods (REST v2; `--api graphql` through the runpod SDK).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-template_app = typer.Typer(
-    name="template",
-    help="RunPod templates whose start command runs this image's entrypoint.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-Json = Annotated[bool, typer.Option("--json", envvar="PODGUARD_JSON", help="Print machine-readable JSON.")]
-Api = Annotated[
-    str | None,
-    typer.Option(
-        "--api", envvar="PODGUARD_API", help="rest (default) or graphql (the runpod SDK; spot specs use it anyway)."
-    ),
-]
-RetryFor = Annotated[
-    float,
-    typer.Option(
-        "--retry-for", envvar="PODGUARD_RETRY_FOR", min=0.0, help="Seconds to retry a transient API failure per call."
-    ),
-]
-PodRef = Annotated[str, typer.Argument(help="The pod's name or id.", show_default=False)]
-SpecFile = Annotated[
-    Path, typer.Option("--spec", envvar="PODGUARD_SPEC", help="The pod spec (TOML), e.g. runpod/pod.toml.")
-]
+__all__ = ["pod_app", "register", "template_app"]
 
 
 def register(app: typer.Typer, only: str | None = None) -> None:
@@ -69,76 +50,7 @@ def register(app: typer.Typer, only: str | None = None) -> None:
         app.add_typer(template_app, name="template")
 
 
-# -- helpers ---------------------------------------------------------------------------------------------
-def _api(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> PodApi:
-    from podguard.pods.api import ApiKind, open_api
-
-    valid = ", ".join(k.value for k in ApiKind)
-    if kind is not None and kind not in {k.value for k in ApiKind}:
-        raise UsageError(f"--api={kind!r} is not valid; expected one of {valid}")
-    if spec is not None and spec.interruptible:
-        if kind == ApiKind.REST:
-            raise UsageError("--api=rest cannot create spot pods (REST v2 has no spot field); drop --api")
-        kind = ApiKind.GRAPHQL
-    if spec is not None and spec.cluster is not None and kind == ApiKind.GRAPHQL:
-        raise UsageError("clusters are created through REST v2 only; drop --api graphql for this spec")
-    if spec is not None and spec.cpu is not None and kind == ApiKind.GRAPHQL:
-        raise UsageError("CPU pods are created through REST; drop --api graphql for this spec")
-    try:
-        return open_api(kind or ApiKind.REST, retry_for=retry_for)
-    except ImportError:
-        raise UsageError(
-            "GraphQL (spot pods, --api graphql) needs the runpod SDK: pip install 'podguard[pods]'"
-        ) from None
-
-
-def _client_and_pod(
-    kind: str | None, retry_for: float, ref: str, *, member_as_cluster: bool = False
-) -> tuple[PodApi, Pod | Cluster]:
-    """An API client and the pod or cluster named `ref` (by id or name); exit 66 when there is none.
-
-    A cluster member's id names that node's pod, or its cluster with `member_as_cluster` (heal)."""
-    from podguard.pods.clusters.model import Member
-    from podguard.pods.clusters.rest import cluster_api
-    from podguard.pods.clusters.target import find_target
-
-    client = _api(kind, retry_for)
-    target = find_target(client, ref)
-    assert target is not None  # find_target raises NOT_FOUND (66) unless missing_ok
-    if isinstance(target, Member):
-        if member_as_cluster and target.cluster_id:
-            return client, cluster_api(client).get_cluster(target.cluster_id)
-        return client, target.pod
-    return client, target
-
-
-def _is_cluster(target: object) -> TypeGuard[Cluster]:
-    from podguard.pods.clusters.model import Cluster
-
-    return isinstance(target, Cluster)
-
-
-def _progress(quiet: bool = False) -> Progress:
-    from podguard.pods.progress import Progress
-
-    return Progress(sys.stderr, quiet=quiet)
-
-
-def _emit(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    print()
-
-
-def _show(pod: Pod | None, as_json: bool, extra: dict[str, Any] | None = None) -> None:
-    from podguard.pods.model import public_view
-    from podguard.pods.render import pod_details
-
-    if as_json:
-        _emit({**(public_view(pod) if pod is not None else {}), **(extra or {})})
-    elif pod is not None:
-        print(pod_details(pod))
-
-
+# -- helpers ----------------------------------------------------------------------------------------------
 def _load_spec(path: Path) -> PodSpec:
     from podguard.pods.spec import load_spec
 
@@ -156,12 +68,6 @@ def _ready_failure(outcome: ReadyOutcome) -> PodguardError:
         f"stop it with `podguard pod stop {pod.name}` or remove it with `podguard pod down {pod.name}`"
     )
     return PodguardError("\n".join(lines), outcome.code)
-
-
-def _tuning() -> Tuning:
-    from podguard.pods.tuning import Tuning
-
-    return Tuning.from_env()
 
 
 # -- commands --------------------------------------------------------------------------------------------
@@ -188,9 +94,9 @@ def up(
     from podguard.pods.up import pod_up
 
     spec = _load_spec(spec_file)  # every check before the first request
-    tuning = _tuning()
-    client = _api(api, retry_for, spec=spec)
-    progress = _progress()
+    tuning = pod_tuning()
+    client = api_client(api, retry_for, spec=spec)
+    progress = new_progress()
     timeout_s = spec.ready_timeout_s if timeout is None else timeout
     if spec.interruptible:
         progress.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
@@ -215,7 +121,7 @@ def up(
     if outcome is not None and outcome.verdict is not None:
         extra["verdict"] = outcome.verdict.word
         extra["preflight"] = outcome.verdict.lines
-    _show(result.pod, as_json, extra)
+    show(result.pod, as_json, extra)
     if outcome is not None and outcome.code != ExitCode.OK:
         raise _ready_failure(outcome)
 
@@ -225,14 +131,14 @@ def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: Retry
     """One pod or cluster: status, GPU, cost per hour, SSH command, ports (a cluster: each node too), its keeper."""
     from podguard.pods.keeper.deploy import kept_by
 
-    client, target = _client_and_pod(api, retry_for, pod)
+    client, target = client_and_pod(api, retry_for, pod)
     kept = kept_by(client, target.name)
-    if _is_cluster(target):
+    if is_cluster(target):
         from podguard.pods.clusters import commands
 
         commands.show(client, target, as_json=as_json, extra={"kept_by": kept})
     else:
-        _show(target, as_json, {"kept_by": kept})
+        show(target, as_json, {"kept_by": kept})
     if kept and not as_json:
         print(f"kept by:  {kept} (`podguard pod keep`)")
 
@@ -242,7 +148,7 @@ def list_(as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) ->
     """Every pod of the account and one item per cluster, as a table or a JSON array."""
     from podguard.pods.clusters import commands
 
-    commands.list_all(_api(api, retry_for), as_json=as_json)
+    commands.list_all(api_client(api, retry_for), as_json=as_json)
 
 
 @pod_app.command("logs")
@@ -265,9 +171,9 @@ def logs(
     For a cluster, every node's lines prefixed `node<R>: ` (or one node's with `--node R`)."""
     from podguard.pods.follow import LogFollower, print_logs
 
-    client, target = _client_and_pod(api, retry_for, pod)
-    tuning = _tuning()
-    if _is_cluster(target):
+    client, target = client_and_pod(api, retry_for, pod)
+    tuning = pod_tuning()
+    if is_cluster(target):
         from podguard.pods.clusters import commands
 
         try:
@@ -306,16 +212,16 @@ def wait(
     """Wait until the pod runs and its preflight passed (76 when it failed, 75 on timeout)."""
     from podguard.pods.readiness import wait_ready
 
-    client, target = _client_and_pod(api, retry_for, pod)
-    progress = _progress()
-    if _is_cluster(target):
+    client, target = client_and_pod(api, retry_for, pod)
+    progress = new_progress()
+    if is_cluster(target):
         from podguard.pods.clusters import commands
 
-        commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=_tuning(), progress=progress)
+        commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=pod_tuning(), progress=progress)
         return
-    outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=_tuning(), progress=progress)
+    outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=pod_tuning(), progress=progress)
     progress.close()
-    _show(
+    show(
         outcome.pod, as_json, {"ready": outcome.code == 0, "verdict": outcome.verdict.word if outcome.verdict else None}
     )
     if outcome.code != ExitCode.OK:
@@ -324,38 +230,58 @@ def wait(
 
 def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
     from podguard.pods.actions import act_on
+    from podguard.pods.clusters import commands
+    from podguard.pods.clusters.model import Member
     from podguard.pods.clusters.target import find_target
+    from podguard.pods.keeper.deploy import end_keepers, say_unkept
     from podguard.pods.model import PodAction
 
     wanted = PodAction(action)
-    client = _api(api, retry_for)
-    target = find_target(client, ref, missing_ok=wanted is PodAction.TERMINATE)
+    client = api_client(api, retry_for)
+    ends_keepers = wanted in (PodAction.TERMINATE, PodAction.STOP)  # the user's hand wins over a keeper
+    target = find_target(client, ref, missing_ok=ends_keepers)
+    if is_cluster(target) and wanted is not PodAction.TERMINATE:
+        raise commands.refuse_action(target, wanted)
+    ended = False
+    if ends_keepers and not isinstance(target, Member):
+        outcome = "down" if wanted is PodAction.TERMINATE else "stopped"
+        ended = end_keepers(client, target.name if target is not None else ref, _say, outcome=outcome)  # first
     if target is None:
-        print(f"podguard: no pod or cluster named {ref!r} or with that id: nothing to take down", file=sys.stderr)
-        if as_json:
-            _emit({"changed": False, "terminated": True})
+        _nothing_there(ref, wanted, ended, as_json)
         return
-    from podguard.pods.clusters import commands
-    from podguard.pods.clusters.model import Member
-
-    if wanted is PodAction.TERMINATE and not isinstance(target, Member):
-        from podguard.pods.keeper.deploy import end_keepers
-
-        end_keepers(client, target.name, lambda text: print(f"podguard: {text}", file=sys.stderr))  # first
-    if _is_cluster(target):
-        if wanted is not PodAction.TERMINATE:
-            raise commands.refuse_action(target, wanted)
+    if is_cluster(target):
         commands.down(client, target, as_json=as_json)
         return
     if isinstance(target, Member):
         result = commands.act_on_member(client, target, wanted)
     else:
         result = act_on(client, target, wanted)
-    print(f"podguard: {result.message}", file=sys.stderr)
+    _say(result.message)
+    if wanted is PodAction.START and not isinstance(target, Member):
+        say_unkept(client, target.name, _say)
     if as_json:
-        _show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
+        show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
     elif result.pod is not None:
         print(f"{result.pod.id}  {result.pod.status}")
+
+
+def _say(text: str) -> None:
+    print(f"podguard: {text}", file=sys.stderr)
+
+
+def _nothing_there(ref: str, wanted: PodAction, ended: bool, as_json: bool) -> None:
+    """No pod or cluster of that name or id: `down` is done; `stop` is done when it ended a keeper, else 66."""
+    from podguard.pods.errors import ApiError, ApiErrorKind
+    from podguard.pods.model import PodAction
+
+    keeper = "; its keeper was ended" if ended else ""
+    if wanted is PodAction.STOP and not ended:
+        missing = f"no pod named {ref!r} or with that id, and no such cluster (see `podguard pod list`)"
+        raise ApiError(ApiErrorKind.NOT_FOUND, missing)
+    what = "nothing to take down" if wanted is PodAction.TERMINATE else "nothing to stop"
+    _say(f"no pod or cluster named {ref!r} or with that id: {what}{keeper}")
+    if as_json:
+        emit({"changed": ended, "terminated": wanted is PodAction.TERMINATE})
 
 
 @pod_app.command("stop")
@@ -387,9 +313,9 @@ def template_push(spec_file: SpecFile, as_json: Json = False, api: Api = None, r
     """Create or update the template (named by the spec's `template`, else its `name`) for this image."""
     spec = _load_spec(spec_file)
     request = spec.template_request()
-    tid, created = _api(api, retry_for).upsert_template(request)
+    tid, created = api_client(api, retry_for).upsert_template(request)
     verb = "created" if created else "updated"
     if as_json:
-        _emit({"id": tid, "name": request.name, "created": created})
+        emit({"id": tid, "name": request.name, "created": created})
     else:
         print(f"template {request.name} ({tid}) {verb}: image {request.image}, args {request.args!r}")

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +22,7 @@ from podguard.rank import (
     NanGuard,
     NonFiniteError,
     RankContext,
+    SaveRequest,
     build_config,
     heartbeat,
     init_rank,
@@ -58,6 +59,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allow-cpu-fallback", action="store_true", help="train on CPU if the GPU cannot be used")
     p.add_argument("--cache-dir", metavar="DIR", help="prepared-dataset cache (default: <state dir>/cache)")
     p.add_argument("--dump-dir", metavar="DIR", help="NaN dumps (default: <state dir>/nan)")
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        default=os.environ.get("PODGUARD_CHECKPOINTS") or None,
+        help="save step-<N>.pt here (every --save-every steps and on podguard's save signal) and resume from "
+        "PODGUARD_RESUME_FROM (default: PODGUARD_CHECKPOINTS, which `podguard train --checkpoints DIR` sets)",
+    )
+    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (0: only on the signal)")
     return p.parse_args(argv)
 
 
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
         inject = parse_steps(args.inject_nan_at)
+        # the save signal's handler first: a request that came during start-up must not kill the job
+        args.save_request = SaveRequest() if args.checkpoint_dir else None
         require_torch()  # one line naming torch and how to get it, not a traceback per rank
     except UsageError as exc:
         sys.stderr.write(f"podguard demo: error: {exc.message}\n")
@@ -224,13 +235,17 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
     import torch
     import torch.nn.functional as F
 
+    from podguard.demo.checkpoint import DemoCheckpoints
+
     config, rank = run.config, run.ctx.rank
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     gen = torch.Generator().manual_seed(config.seed * 7919 + rank)  # batch sampling: different per rank
+    ckpt = DemoCheckpoints(run.args, run.ctx, run.device)
+    first = ckpt.resume(model, optimizer, gen)  # 1, or the step after the checkpoint podguard handed over
     train_started = time.monotonic()
     last_loss = float("nan")
     global_batch = config.batch_size * run.ctx.world_size
-    for step in range(1, config.steps + 1):
+    for step in range(first, config.steps + 1):
         idx = torch.randint(len(run.x), (config.batch_size,), generator=gen).to(run.device)
         loss = F.cross_entropy(model(run.x[idx]), run.y[idx])
         if step in run.inject and rank == run.inject_rank:
@@ -241,11 +256,17 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # always: a skipped step's gradients must not leak into the next
         heartbeat(step)  # per-rank progress for podguard's hang watch (a memory store; a no-op outside podguard)
+        if ckpt.after_step(step, model, optimizer, gen):  # every --save-every steps, and on podguard's save signal
+            emit(f"[rank {rank}] stopping at step {step}: saved before podguard stops the job")
+            run.config = replace(config, steps=step)  # the summary counts the steps done
+            last_loss = float(loss.item())
+            break
         if step % config.log_every == 0 or step == config.steps:
             last_loss = float(loss.item())
             elapsed = time.monotonic() - train_started
-            rate = global_batch * step / elapsed if elapsed > 0 else 0.0
-            eta = (config.steps - step) * elapsed / step
+            done = step - first + 1
+            rate = global_batch * done / elapsed if elapsed > 0 else 0.0
+            eta = (config.steps - step) * elapsed / done
             emit(
                 f"[rank {rank}] step {step}/{config.steps} loss {last_loss:.4f} | {rate:,.0f} samples/s | "
                 f"ETA {_clock(eta)} | skipped {len(guard.skipped_steps)}"

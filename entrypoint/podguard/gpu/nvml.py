@@ -5,21 +5,22 @@
 
 NVML only, in-process, no CUDA context; `pynvml` is imported when a backend is built. Every per-field
 query degrades to n/a; memory and process queries that cannot be answered are *unknown*, never "free".
+This module keeps the session (init, handles, what a GPU cannot answer); the stateless reads of one device
+handle (processes, ECC, the recovery action, NVLink) are `gpu/nvml_reads.py`, the Xid events `gpu/nvml_events.py`.
 Why these choices and how the library is found: docs/gate.md ("Backend").
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from podguard.gpu import nvml_reads as reads
 from podguard.gpu.backend import (
     DriverInfo,
-    EccState,
     GpuHealth,
     GpuProcess,
     GpuQueryError,
@@ -35,17 +36,12 @@ from podguard.gpu.nvml_support import (
     COMPUTE_MODES,
     ENV_LIBRARY,
     NOT_AVAILABLE_CODES,
-    NVLINK_UP_STATES,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_FEATURE_ENABLED,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
-    NVML_FI_DEV_NVLINK_GET_STATE,
     NVML_FI_DEV_NVLINK_LINK_COUNT,
-    NVML_SUCCESS,
-    RECOVERY_ACTIONS,
-    VALUE_MEMBERS,
     Reader,
     classify_init_error,
     describe_error,
@@ -61,20 +57,6 @@ if TYPE_CHECKING:
     import threading
 
 __all__ = ["ENV_LIBRARY", "NvmlBackend", "classify_init_error", "format_cuda_version"]
-
-
-@functools.cache
-def _link_state_fields(links: int) -> tuple[tuple[int, int], ...]:
-    """(NVML_FI_DEV_NVLINK_GET_STATE, link) for each link: the field-value request, built once per count."""
-    return tuple((NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links))
-
-
-def _field_uint(value: Any) -> int | None:
-    """An nvmlFieldValue_t's integer value, or None when its query failed."""
-    if value.nvmlReturn != NVML_SUCCESS:
-        return None
-    member = VALUE_MEMBERS.get(int(value.valueType))
-    return None if member is None else int(getattr(value.value, member))
 
 
 class NvmlBackend:
@@ -174,7 +156,7 @@ class NvmlBackend:
             return GpuSnapshot(index=index, lost=r.lost, errors=tuple(r.errors))
         pci = r.call("pci", "nvmlDeviceGetPciInfo_v3", h)
         memory = self._memory(h, r)
-        processes = self._processes(h, r)
+        processes = reads.processes(h, r)
         util = r.call("utilization", "nvmlDeviceGetUtilizationRates", h)
         mode = r.call("compute_mode", "nvmlDeviceGetComputeMode", h)
         persistence = r.call("persistence_mode", "nvmlDeviceGetPersistenceMode", h)
@@ -203,7 +185,7 @@ class NvmlBackend:
             persistence_mode=None if persistence is None else persistence == NVML_FEATURE_ENABLED,
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(h, r) if mig_enabled else (),
-            ecc=self._ecc(h, r),
+            ecc=reads.ecc_state(h, r),
             clock_event_reasons=clocks,
             clock_event_names=decode_clock_events(clocks),
             temperature_c=r.call("temperature", "nvmlDeviceGetTemperature", h, 0),  # NVML_TEMPERATURE_GPU
@@ -218,7 +200,7 @@ class NvmlBackend:
             pcie_link_gen=r.call("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
             pcie_link_gen_max=r.call("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", h),
             nvlink_links=nvlink_links,
-            nvlink_active=self._nvlink_active(h, r, nvlink_links) if nvlink_links else None,
+            nvlink_active=reads.nvlink_active(h, r, nvlink_links) if nvlink_links else None,
             recovery_action=recovery,
             lost=r.lost,
             errors=tuple(r.errors),
@@ -246,31 +228,6 @@ class NvmlBackend:
             return None, None, None, None
         return m.total, m.used, None, m.free
 
-    def _process_list(self, h: Any, r: Reader, kind: str, mig: str | None) -> list[GpuProcess] | None:
-        """One kind's list; None when NVML could not answer (`r.failures` says why)."""
-        base = "nvmlDeviceGetComputeRunningProcesses" if kind == "compute" else "nvmlDeviceGetGraphicsRunningProcesses"
-        label = f"{kind}_processes"
-        infos = r.first(label, (f"{base}_v3", h), (f"{base}_v2", h))
-        if label in r.failures:
-            return None
-        out = []
-        for info in infos or ():
-            used = info.usedGpuMemory
-            memory = int(used) if used is not None else None
-            out.append(GpuProcess(pid=int(info.pid), used_memory=memory, kind=kind, mig=mig))
-        return out
-
-    def _processes(self, h: Any, r: Reader, mig: str | None = None) -> tuple[GpuProcess, ...] | None:
-        """Compute then graphics processes; None when the list cannot be read. A graphics list that is
-        NOT_SUPPORTED (compute-only boards) counts as empty; any other failure makes the answer unknown."""
-        compute = self._process_list(h, r, "compute", mig)
-        graphics = self._process_list(h, r, "graphics", mig)
-        if graphics is None and r.failures.get("graphics_processes") == "NOT_SUPPORTED":
-            graphics = []
-        if compute is None or graphics is None:
-            return None
-        return tuple(compute + graphics)
-
     def _mig_devices(self, h: Any, r: Reader) -> tuple[MigDevice, ...]:
         slots = r.call("mig_devices", "nvmlDeviceGetMaxMigDeviceCount", h) or 0
         devices = []
@@ -284,7 +241,7 @@ class NvmlBackend:
             self._mig_handles[uuid] = mh
             mr = Reader(self._nv)  # a slice's failures are its own, not the parent's
             memory = self._memory(mh, mr)
-            processes = self._processes(mh, mr, uuid)
+            processes = reads.processes(mh, mr, uuid)
             devices.append(
                 MigDevice(
                     uuid=uuid,
@@ -298,33 +255,6 @@ class NvmlBackend:
             )
         return tuple(devices)
 
-    def _ecc(self, h: Any, r: Reader) -> EccState:
-        mode = r.call("ecc_mode", "nvmlDeviceGetEccMode", h)
-        enabled = None if mode is None else mode[0] == NVML_FEATURE_ENABLED
-        counts: dict[str, int | None] = {}
-        if enabled is not False:  # with ECC off the driver has no counters
-            for key, error_type, counter in (
-                ("uncorrected_volatile", 1, 0),  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
-                ("corrected_volatile", 0, 0),
-                ("uncorrected_aggregate", 1, 1),  # NVML_AGGREGATE_ECC
-                ("corrected_aggregate", 0, 1),
-            ):
-                counts[key] = r.call(f"ecc_{key}", "nvmlDeviceGetTotalEccErrors", h, error_type, counter)
-        retired = r.call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
-        remap = r.call("remapped_rows", "nvmlDeviceGetRemappedRows", h)
-        return EccState(
-            enabled=enabled,
-            uncorrected_volatile=counts.get("uncorrected_volatile"),
-            corrected_volatile=counts.get("corrected_volatile"),
-            uncorrected_aggregate=counts.get("uncorrected_aggregate"),
-            corrected_aggregate=counts.get("corrected_aggregate"),
-            retired_pages_pending=None if retired is None else retired == NVML_FEATURE_ENABLED,
-            remap_pending=None if remap is None else bool(remap[2]),
-            remap_failure=None if remap is None else bool(remap[3]),
-            remapped_rows_correctable=None if remap is None else int(remap[0]),
-            remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
-        )
-
     def _field_values(self, index: int, h: Any, r: Reader) -> tuple[str | None, int | None]:
         """(recovery action, NVLink link count) in one nvmlDeviceGetFieldValues call; the link count only the
         first time (it is the hardware's). A GPU without NVLink answers NOT_SUPPORTED for it: None, no error."""
@@ -334,43 +264,13 @@ class NvmlBackend:
         values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, fields)
         if not values:
             return None, self._nvlink_links.get(index)
-        recovery = self._recovery_action(values[0], r)
+        recovery = reads.recovery_action(values[0], r)
         if not known and len(values) > 1:
-            links = _field_uint(values[1])
+            links = reads.field_uint(values[1])
             if links is None:
                 r.failures["nvlink"] = error_name(int(values[1].nvmlReturn))
             self._nvlink_links[index] = links or None
         return recovery, self._nvlink_links.get(index)
-
-    def _recovery_action(self, value: Any, r: Reader) -> str | None:
-        if value.nvmlReturn != NVML_SUCCESS:
-            r.code("recovery_action", int(value.nvmlReturn))
-            return None
-        member = VALUE_MEMBERS.get(int(value.valueType))
-        if member is None:
-            return None
-        action = int(getattr(value.value, member))
-        return RECOVERY_ACTIONS.get(action, f"unknown_{action}")
-
-    def _nvlink_active(self, h: Any, r: Reader, links: int) -> int | None:
-        """How many of the GPU's `links` NVLink links are up: one field-values call (a state per link), else
-        (drivers without that field) one nvmlDeviceGetNvLinkState call per link. None when neither answers."""
-        values = r.call("nvlink", "nvmlDeviceGetFieldValues", h, _link_state_fields(links))
-        if values:
-            up = 0
-            for v in values:  # a hot path (every snapshot of an NVLink GPU): no per-value helper calls
-                if v.nvmlReturn != NVML_SUCCESS:
-                    break
-                up += v.value.uiVal in NVLINK_UP_STATES  # NVML_VALUE_TYPE_UNSIGNED_INT
-            else:
-                return up
-        up = 0
-        for link in range(links):
-            state = r.call("nvlink", "nvmlDeviceGetNvLinkState", h, link)
-            if state is None:
-                return None
-            up += int(state == NVML_FEATURE_ENABLED)
-        return up
 
     # -- cheap polls -----------------------------------------------------------------------------------
 
@@ -408,6 +308,17 @@ class NvmlBackend:
         except self._nv.NVMLError:  # not supported (MIG mode), lost, no permission: unknown
             return None
 
+    def sensors(self, index: int) -> tuple[float | None, int | None]:
+        """Two NVML calls (handle cached), for the metrics: power draw in watts and temperature in degrees C;
+        None for what NVML cannot tell."""
+        h = self._poll_handle(index, None)
+        if h is None:
+            return None, None
+        r = Reader(self._nv)
+        milliwatts = r.call("power", "nvmlDeviceGetPowerUsage", h)
+        celsius = r.call("temperature", "nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
+        return (None if milliwatts is None else milliwatts / 1000.0), (None if celsius is None else int(celsius))
+
     def processes(self, index: int, mig: str | None = None) -> tuple[GpuProcess, ...]:
         """Compute then graphics processes: one call each when the lists are empty. GpuQueryError when NVML
         cannot answer (no permission, not supported, GPU lost): unknown is not empty."""
@@ -416,7 +327,7 @@ class NvmlBackend:
         r = Reader(self._nv)
         if h is None:
             raise GpuQueryError(f"{where} process list", r.failures.get("handle", "GPU_IS_LOST"))
-        procs = self._processes(h, r, mig)
+        procs = reads.processes(h, r, mig)
         if procs is None:
             failed = r.failures.get("compute_processes") or r.failures.get("graphics_processes") or "error"
             raise GpuQueryError(f"{where} process list", failed)
@@ -447,7 +358,7 @@ class NvmlBackend:
         """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION alone, in one nvmlDeviceGetFieldValues call."""
         field_id = getattr(self._nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
         values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field_id])
-        return self._recovery_action(values[0], r) if values else None
+        return reads.recovery_action(values[0], r) if values else None
 
     # -- events ----------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ from podguard.guards.settings import ENV_POD_ID, IDLE_UTILIZATION_PCT, GuardSett
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
+    from podguard.guards.save import SaveBeforeStop
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
@@ -39,10 +40,11 @@ class Trip:
 
     guard: str  # the option: --idle-stop, --max-runtime, --max-cost
     detail: str
+    saved: str = ""  # with --save-signal: whether the job saved before it was ended (guards/save.py)
 
     @property
     def message(self) -> str:
-        return f"billing guard {self.guard}: {self.detail}"
+        return f"billing guard {self.guard}: {self.detail}" + (f"; {self.saved}" if self.saved else "")
 
 
 class Phase(StrEnum):
@@ -194,16 +196,18 @@ class GuardWatch:
             parts.append(f"--max-cost ${s.max_cost_usd:.2f} ({spent})")
         return "billing guards: " + ", ".join(parts) if parts else ""
 
-    def supervised(self) -> SupervisedGuards:
-        return SupervisedGuards(self)
+    def supervised(self, save: SaveBeforeStop | None = None) -> SupervisedGuards:
+        return SupervisedGuards(self, save)
 
 
 class SupervisedGuards:
     """The guards on a supervisor's loop (its `watch`): a timer per check; a trip is `sup.fail(..., 124)`, which
-    ends the whole job the way a failed worker does (SIGTERM to every group, the grace, SIGKILL)."""
+    ends the whole job the way a failed worker does (SIGTERM to every group, the grace, SIGKILL). With `save`
+    (`--save-signal`), the job is first asked to save and given up to the save grace (guards/save.py)."""
 
-    def __init__(self, watch: GuardWatch) -> None:
+    def __init__(self, watch: GuardWatch, save: SaveBeforeStop | None = None) -> None:
         self.watch = watch
+        self.save = save
         self._sup: Supervisor | None = None
         self._timer: Timer | None = None
 
@@ -225,13 +229,28 @@ class SupervisedGuards:
         now = time.monotonic()
         trip = self.watch.check(now)
         if trip is not None:
-            sup.fail(None, ExitCode.BILLING_GUARD, trip.message)
+            if self.save is not None and self.save.start(sup, lambda note: self._end(sup, note)):
+                sup.end_with(ExitCode.BILLING_GUARD, f"{trip.message} (the job was asked to save)")
+                return  # the save request is out: the job ends when it saved or the grace is over
+            self._end(sup, self.save.note if self.save is not None else None)
             return
         self._schedule(now)
+
+    def _end(self, sup: Supervisor, note: str | None) -> None:
+        trip = self.watch.tripped
+        if trip is None:
+            return
+        if note:
+            trip = self.watch.tripped = replace(trip, saved=note)
+        sup.fail(None, ExitCode.BILLING_GUARD, trip.message)
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.save is not None and self.save.waiting:  # the workers exited (after saving?) before the decision
+            self.save.finish()
+            if self.watch.tripped is not None and self.save.note:
+                self.watch.tripped = replace(self.watch.tripped, saved=self.save.note)
         self._sup = None
 
 

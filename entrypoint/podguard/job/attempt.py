@@ -4,9 +4,11 @@
     result.code, result.outcome, result.runtime.progress.progressed
 
 The attempt's workers get PODGUARD_RUN_DIR, PODGUARD_STATE_DIR, PODGUARD_RESTART_COUNT (0 on the first attempt),
-the heartbeat board and, with a hang timeout, torch's flight recorder settings. The run-time watch (hangs, GPU
-faults, stragglers: launch/watch/) and the billing guards watch from the supervisor's loop; the outcome is
-recorded for the restart guard (launch/lifecycle.py).
+the heartbeat board and, with a hang timeout, torch's flight recorder settings; with `--checkpoints` also
+PODGUARD_CHECKPOINTS and the newest whole checkpoint (PODGUARD_RESUME_FROM/_STEP, job/handoff.py). The run-time
+watch (hangs, GPU faults, stragglers: launch/watch/) and the billing guards (with `--save-signal`, a save request
+before they end the job: guards/save.py) watch from the supervisor's loop; the outcome is recorded for the restart
+guard (launch/lifecycle.py). `accelerate launch` gets the leased port as --main_process_port (job/accelerate.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +32,11 @@ from podguard.preflight.options import PreflightOptions
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
+    from podguard.guards.save import SaveBeforeStop
+    from podguard.job.handoff import AttemptCheckpoints, Handoff
+    from podguard.launch.cluster.model import GateSettings
     from podguard.launch.supervisor import Watch
+    from podguard.metrics import Metrics
 
 __all__ = ["ENV_RESTART_COUNT", "AttemptResult", "run_attempt"]
 
@@ -46,6 +52,7 @@ class AttemptResult:
     duration_s: float
     mode: LaunchMode
     explained: str = ""  # what the watches added to the supervisor's account (a GPU fault as the root cause)
+    checkpoints: AttemptCheckpoints | None = None  # --checkpoints: what it started from, the newest at its end
 
 
 def run_attempt(
@@ -58,8 +65,11 @@ def run_attempt(
     guards: GuardWatch | None,
     *,
     attempt: int,
+    metrics: Metrics | None = None,
+    handoff: Handoff | None = None,
 ) -> AttemptResult:
-    """Port, prepare, the workers under supervision and watch, the outcome record."""
+    """Port, prepare, the workers under supervision and watch, the outcome record. With `handoff`
+    (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py)."""
     from podguard.launch import lifecycle
 
     started, t0 = time.time(), time.monotonic()
@@ -70,6 +80,12 @@ def run_attempt(
         "PODGUARD_STATE_DIR": str(base),
         ENV_RESTART_COUNT: str(attempt),
     }
+    if handoff is not None:
+        env.update(handoff.before())  # says `resuming from ...` (or `no checkpoint yet in DIR`)
+    if cfg.options.save_signal is not None:  # the callbacks (podguard.integrations) listen for it
+        import signal
+
+        env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(cfg.options.save_signal).name
     mode = _pick_mode(cfg, selection, say=attempt == 0)
     runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
@@ -92,6 +108,7 @@ def run_attempt(
             env["MASTER_PORT"] = str(port)
             if not os.environ.get("MASTER_ADDR"):
                 env["MASTER_ADDR"] = cfg.options.master_addr or "127.0.0.1"
+        cfg = _lease_to_accelerate(cfg, port, say=attempt == 0)
         if cfg.prepare_argv is not None:
             env.update(_prepare(cfg, base, env))
         watches: list[Watch | None] = [runtime]
@@ -100,11 +117,14 @@ def run_attempt(
                 guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
                 if description := guards.describe():
                     _say(f"podguard: {description}")
-            watches.insert(0, guards.supervised())
+            watches.insert(0, guards.supervised(_save_before_stop(cfg, mode, runtime)))
+        if metrics is not None:  # last: it takes the run-time watch's state, its final poll included
+            watches.append(metrics.attempt(runtime, attempt=attempt, mode=mode, gpus=selection.gpus))
         told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
         outcome = runtime.explain(told)
+        seen = handoff.after(run_dir) if handoff is not None else None
         record = lifecycle.record_outcome(
-            outcome,
+            outcome if seen is None else replace(outcome, detail=_joined(seen.fragment(), outcome.detail)),
             key=key,
             argv=cfg.job_argv,
             mode=mode,
@@ -114,10 +134,47 @@ def run_attempt(
         )
         _say(f"podguard: logs: {run_dir}")
         explained = outcome.detail if outcome.detail != told.detail else ""
-        return AttemptResult(outcome.exit_code, outcome, record, runtime, time.monotonic() - t0, mode, explained)
+        duration = time.monotonic() - t0
+        return AttemptResult(outcome.exit_code, outcome, record, runtime, duration, mode, explained, seen)
     finally:
         if port_lease is not None:
             port_lease.release()
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobConfig:
+    """`accelerate launch` takes its port only from --main_process_port (job/accelerate.py): give it the lease."""
+    from podguard.job.accelerate import with_main_process_port
+
+    if port is None:  # no lease: the user's own MASTER_PORT, which accelerate would ignore as well
+        raw = os.environ.get("MASTER_PORT", "").strip()
+        if not raw.isdigit():
+            return cfg
+        port = int(raw)
+    argv = with_main_process_port(cfg.argv, port)
+    if argv == cfg.argv:
+        return cfg
+    if say:
+        _say(f"podguard: accelerate launch: --main_process_port {port} (the port podguard leased for this job)")
+    return replace(cfg, argv=argv)
+
+
+def _save_before_stop(cfg: JobConfig, mode: LaunchMode, runtime: RuntimeWatch) -> SaveBeforeStop | None:
+    """`--save-signal`: the save request a billing guard makes before it ends the job (guards/save.py). A job
+    that the hang watch finds silent past --hang-timeout is hung: it is not asked."""
+    o = cfg.options
+    if o.save_signal is None or o.checkpoints is None:
+        return None
+    from podguard.guards.save import SaveBeforeStop, SaveSettings
+
+    def hung() -> bool:
+        return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
+
+    settings = SaveSettings(o.save_signal, o.save_grace, o.checkpoints, torchrun=mode is LaunchMode.TORCHRUN)
+    return SaveBeforeStop(settings, hung)
 
 
 def _runtime_settings(
@@ -138,7 +195,17 @@ def _runtime_settings(
         slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
         python=_job_python(cfg.argv),
         line_prefix=line_prefix,
+        cluster=_cluster_share(cfg),
     )
+
+
+def _cluster_share(cfg: JobConfig) -> GateSettings | None:
+    """A multi-node run with a hang timeout: the nodes share their progress (a hang is the job's verdict)."""
+    if cfg.options.hang_timeout is None:
+        return None
+    from podguard.job.cluster import cluster_share_settings
+
+    return cluster_share_settings(cfg)
 
 
 def _job_python(argv: tuple[str, ...]) -> str | None:

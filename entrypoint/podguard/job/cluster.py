@@ -22,12 +22,21 @@ if TYPE_CHECKING:
     from podguard.launch.cluster.model import GateOutcome, GateSettings
     from podguard.preflight.pipeline import PreflightResult
 
-__all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
+__all__ = ["GATE_RECORD", "cluster_gate_settings", "cluster_share_settings", "pass_cluster_gate", "worker_socket_env"]
 
 GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome, with wall-clock times
 
 
-def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
+def cluster_share_settings(cfg: JobConfig) -> GateSettings | None:
+    """Where the nodes share their progress during the run (launch/cluster/share.py): node 0's store on the
+    gate's port; None on one node or without NODE_RANK (each node then judges a hang on its own)."""
+    try:
+        return cluster_gate_settings(cfg, quiet=True)
+    except UsageError:  # (refused before the run already)
+        return None
+
+
+def cluster_gate_settings(cfg: JobConfig, *, quiet: bool = False) -> GateSettings | None:
     """The gate's settings on a multi-node run (None on one node, or without NODE_RANK: then said once).
     Bad values and a Python without torch are refused here (64), before anything is leased or stopped."""
     if not cfg.multi_node:
@@ -43,7 +52,8 @@ def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
         master_port=opts.master_port,
     )  # fmt: skip
     if rdzv.node_rank is None:
-        _say("podguard: warning: no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
+        if not quiet:
+            _say("podguard: warning: no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
         return None
     assert rdzv.addr is not None and rdzv.port is not None
     settings = gate_settings(

@@ -6,10 +6,13 @@
    a budget already spent ends it here (guards/);
 2. each attempt: a fresh preflight (cleanup, selection, the gate; the GPUs stay leased from the first attempt
    on), on a multi-node run the cluster gate (all nodes launch or none: job/cluster.py), then the workers under
-   supervision, the billing guards and the run-time watch (job/attempt.py);
+   supervision, the billing guards and the run-time watch (job/attempt.py); with `--checkpoints` the newest
+   whole checkpoint is handed to each attempt (job/handoff.py);
 3. the outcome: success, a signal or a tripped guard end the job; a crash, a hang (79) or a GPU fault (76) is
-   relaunched while `--restarts` allow and no crash loop is seen (job/restarts.py), after an announced pause;
-4. the END line (job/final.py), then `--on-exit` (or, when a guard ended the job, stop this pod / 124).
+   relaunched while `--restarts` allow and no crash loop is seen (job/restarts.py; a new whole checkpoint is
+   progress), after an announced pause;
+4. the END line (outcome_lines.py; with `--checkpoints` it names the checkpoint the last attempt started from and
+   the newest at its end), then `--on-exit` (or, when a guard ended the job, stop this pod / 124).
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_cod
 from podguard.gpu.selected import Selection
 from podguard.job.attempt import AttemptResult, run_attempt
 from podguard.job.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
-from podguard.job.final import end_line, restart_line
 from podguard.job.restarts import Failure, RestartPolicy, made_progress
 from podguard.launch.config import JobConfig, LaunchMode, OnExit
+from podguard.outcome_lines import end_line, restart_line
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import PreflightResult, run_preflight
 from podguard.redact import redact_command
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
+    from podguard.job.handoff import AttemptCheckpoints, Handoff
     from podguard.launch.lifecycle import LaunchDecision
+    from podguard.metrics import Metrics
     from podguard.pods.selfheal import SelfHealConfig
     from podguard.preflight.leases import GpuLease
 
@@ -64,12 +69,18 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
 
     base = state_dir(opts.state_dir)
     heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
-    guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+    metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
+    guards = None
     try:
-        return Conductor(cfg, opts, base, heal, guards).run()
+        guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+        if metrics is not None:
+            metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
+        return Conductor(cfg, opts, base, heal, guards, metrics=metrics).run()
     finally:
         if guards is not None:
             guards.close()
+        if metrics is not None:
+            metrics.close()  # the port closes; the file keeps its last values
 
 
 @dataclass
@@ -92,6 +103,8 @@ class Conductor:
         base: Path,
         heal: SelfHealConfig | None,
         guards: GuardWatch | None,
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         from podguard.launch import lifecycle
 
@@ -99,6 +112,7 @@ class Conductor:
         self.base = base
         self.heal = heal
         self.guards = guards
+        self.metrics = metrics
         self.opts = replace(
             opts,
             lease=True,
@@ -111,6 +125,8 @@ class Conductor:
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
         self.attempts = 0
         self.record: Callable[..., Path | None] | None = None
+        self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
+        self.seen: AttemptCheckpoints | None = None  # the last attempt's checkpoints (END and RESTART name them)
 
     # -- the lifecycle ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -144,8 +160,18 @@ class Conductor:
                 _say_all(notes)
             assert pre.selection is not None
             result = run_attempt(
-                self.cfg, self.opts, pre.selection, self.base, self.key, socket_env, self.guards, attempt=attempt
+                self.cfg,
+                self.opts,
+                pre.selection,
+                self.base,
+                self.key,
+                socket_env,
+                self.guards,
+                attempt=attempt,
+                metrics=self.metrics,
+                handoff=self.handoff,
             )
+            self.seen = result.checkpoints
             for fault in result.runtime.faults:
                 if fault.fatal:
                     self.faulted.setdefault(fault.uuid or f"index:{fault.index}", (fault.kind, fault.text))
@@ -225,16 +251,18 @@ class Conductor:
         if self.guards is not None and self.guards.tripped is not None:
             return None
         progress = watch.progress
+        saved = result.checkpoints is not None and result.checkpoints.saved  # a new whole checkpoint is progress
         progressed = made_progress(
             matched=progress.matched,
             beating=progress.beating,
             watched=progress.pattern is not None or progress.beating,
             duration_s=result.duration_s,
+            saved=saved,
         )
         if watch.hang is not None and result.code == ExitCode.HUNG:
             what = f"ranks {','.join(map(str, watch.hang.ranks))}" if watch.hang.ranks else "no progress"
             # an attempt that hung before its first line or heartbeat made no progress, however long it ran
-            return Failure(result.code, "hang", what, progressed and progress.seen)
+            return Failure(result.code, "hang", what, (progressed and progress.seen) or saved)
         fatal = [f for f in watch.faults if f.fatal]
         if fatal and result.code == ExitCode.GPU_UNHEALTHY:
             first = fatal[0]
@@ -246,7 +274,8 @@ class Conductor:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
         from podguard.pause import next_signal, signals_held
 
-        _say(restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code))
+        line = restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code)
+        _say(line + (f"; {self.seen.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
@@ -274,7 +303,10 @@ class Conductor:
 
     def end(self, ending: Ending) -> int:
         """The END line, then what comes after the job: a guard stops the pod (or 124), else `--on-exit`."""
-        _say(end_line(self.command, ending.kind, ending.code, self.attempts, ending.detail))
+        detail = ending.detail
+        if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
+            detail = f"{self.seen.fragment()}; {detail}" if detail else self.seen.fragment()
+        _say(end_line(self.command, ending.kind, ending.code, self.attempts, detail))
         if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
             from podguard.guards.end import end_after_trip
 
@@ -288,6 +320,23 @@ class Conductor:
         if self.record is None:
             return None
         return self.record(exit_code=code, kind=lifecycle.RunKind.START, detail=detail, root_cause=root_cause)
+
+
+def _open_metrics(cfg: JobConfig) -> Metrics | None:
+    o = cfg.options
+    if o.metrics_port is None and o.metrics_file is None:
+        return None
+    from podguard.metrics import open_metrics
+
+    return open_metrics(port=o.metrics_port, path=o.metrics_file, mode=str(cfg.mode))
+
+
+def _handoff(cfg: JobConfig) -> Handoff | None:
+    if cfg.options.checkpoints is None:
+        return None
+    from podguard.job.handoff import Handoff
+
+    return Handoff(cfg.options.checkpoints, _say)
 
 
 def _open_guards(cfg: JobConfig) -> GuardWatch | None:

@@ -6,8 +6,9 @@
 
 Rules (PRODUCT.md "Restarts"): up to N relaunches; a crash loop — 3 consecutive attempts that failed the same
 way (the same exit code, or the same hang or fault) before any progress — stops the restarts (the caller exits
-with that failure's code). An attempt made progress when a `--progress` line matched or a heartbeat came;
-where the job uses neither, when it ran for at least a minute. The wait before a relaunch doubles with each
+with that failure's code). An attempt made progress when a `--progress` line matched, a heartbeat came, or (with
+`--checkpoints`) a new whole checkpoint appeared; where the job uses none of these, when it ran for at least a
+minute. The wait before a relaunch doubles with each
 failure in a row that made no progress (1, 2, 4, ... s, at most 60 s), and starts again at 1 s after progress.
 Pure: no clock, no I/O.
 """
@@ -43,10 +44,10 @@ class Failure:
         return f"{kind} ({self.what})" if self.what else kind
 
 
-def made_progress(*, matched: bool, beating: bool, watched: bool, duration_s: float) -> bool:
-    """An attempt's progress: a --progress match or a heartbeat; with neither in use (`watched` False: no
-    --progress pattern and no heartbeat seen), having run for FIRST_MINUTE_S."""
-    if matched or beating:
+def made_progress(*, matched: bool, beating: bool, watched: bool, duration_s: float, saved: bool = False) -> bool:
+    """An attempt's progress: a --progress match, a heartbeat or a new whole checkpoint (`saved`); with neither
+    a pattern nor heartbeats in use (`watched` False), having run for FIRST_MINUTE_S."""
+    if matched or beating or saved:
         return True
     return not watched and duration_s >= FIRST_MINUTE_S
 

@@ -66,6 +66,13 @@ class LaunchOptions:
     restarts: int = 0
     cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S  # multi-node: how long the cluster gate waits for all nodes
     cluster_port: int | None = None  # the cluster gate's store port (None: PRIMARY_PORT + 1)
+    # metrics (metrics/, docs/metrics.md): the Prometheus endpoint's port, the textfile; None = off
+    metrics_port: int | None = None
+    metrics_file: Path | None = None
+    # checkpoints (checkpoints/, docs/checkpoints.md): the job's folder, the save request before a guard stops it
+    checkpoints: Path | None = None
+    save_signal: int | None = None  # a signal number
+    save_grace: float = 120.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
 
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
     prepare_argv, cache_key = _prepare(opts)
+    _check_checkpoints(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
     _check_nodes(cfg)
     return cfg
@@ -142,6 +150,15 @@ def _prepare(opts: LaunchOptions) -> tuple[tuple[str, ...] | None, dict[str, str
     if cache_key and prepare_argv is None:
         raise UsageError("--cache-key only makes sense with --prepare CMD")
     return prepare_argv, cache_key
+
+
+def _check_checkpoints(opts: LaunchOptions) -> None:
+    if opts.checkpoints is not None and opts.checkpoints.exists() and not opts.checkpoints.is_dir():
+        raise UsageError(f"--checkpoints={str(opts.checkpoints)!r} is not a folder; give the folder the job saves to")
+    if opts.save_signal is not None and opts.checkpoints is None:
+        raise UsageError(
+            "--save-signal needs --checkpoints DIR: podguard waits for the new checkpoint there before it ends the job"
+        )
 
 
 def _check_nodes(cfg: JobConfig) -> None:

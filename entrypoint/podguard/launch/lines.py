@@ -2,6 +2,8 @@
 
     normalise_cr(b"\\r 10%\\r 20%\\n", line_start=True)   # b" 10%\\n 20%\\n"
     cut_long_lines(data)                                  # lines > LINE_CAP in marked chunks
+    strip_cursor(b"\\x1b[A\\x1b[2K 30%\\n")               # b" 30%\\n": no cursor moves once lines are cut
+    split_hidden(HIDDEN + b"rank1: x\\nrank0: y\\n")      # (b"rank0: y\\n", b"rank1: x\\nrank0: y\\n")
 
 Whole-buffer operations (`split`, `rfind`, C-level `map`s), never a Python loop per line: the rules
 and why they are fast are in docs/supervisor.md.
@@ -9,21 +11,33 @@ and why they are fast are in docs/supervisor.md.
 
 from __future__ import annotations
 
+import re
 from itertools import repeat
 
 __all__ = [
     "CONT_END",
     "CONT_START",
+    "HIDDEN",
     "LINE_CAP",
     "cut_long",
     "cut_long_lines",
     "may_have_long_line",
     "normalise_cr",
+    "split_hidden",
+    "strip_cursor",
 ]
 
 LINE_CAP = 64 * 1024  # the longest chunk emitted as one line
 CONT_END = b" [podguard: line continues]"
 CONT_START = b"[podguard: continued] "
+# Put before a line that goes to the log files and the watch but not to the terminal (the torchrun rank
+# wrapper marks the lines of ranks `--only-gpu` hides). An OSC string: a terminal that got one would show nothing.
+HIDDEN = b"\x1b]podguard-hidden\x07"
+# CSI sequences other than SGR (colours): cursor moves and erases (tqdm's `ESC[A`, rich's `ESC[2K`). Once `\r`
+# ends a line they would move the cursor over other lines, and a log file shows them as garbage.
+_CURSOR = rb"\x1b\[[0-?]*[ -/]*[@-ln-~]"
+_CURSOR_ONLY_LINE = re.compile(rb"(?m)^(?:" + _CURSOR + rb")+\n")
+_CURSOR_RE = re.compile(_CURSOR)
 
 
 def normalise_cr(data: bytes, line_start: bool) -> bytes:
@@ -101,3 +115,18 @@ def cut_long_lines(data: bytes) -> bytes:
             out.append(line)
     out.append(last)
     return b"\n".join(out)
+
+
+def strip_cursor(data: bytes) -> bytes:
+    """Remove cursor moves and erases (keeping colours); a line made of nothing else goes whole."""
+    if b"\x1b[" not in data:
+        return data
+    return _CURSOR_RE.sub(b"", _CURSOR_ONLY_LINE.sub(b"", data))
+
+
+def split_hidden(lines: bytes) -> tuple[bytes, bytes]:
+    """(the lines for the terminal, every line with the marker removed) for complete `lines` holding HIDDEN."""
+    every = lines.split(b"\n")
+    last = every.pop()  # b"": `lines` ends with a newline
+    shown = [line for line in every if not line.startswith(HIDDEN)]
+    return b"\n".join([*shown, last]) if shown else b"", lines.replace(HIDDEN, b"")

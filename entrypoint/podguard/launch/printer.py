@@ -6,10 +6,13 @@
     printer.tail("GPU2")                          # its last lines, for the failure summary
 
 honcho's Printer, made fast and strict: whole lines only (a dying worker's partial line is kept), `\\r`
-ends a line, very long lines are cut in marked chunks, `only` filters the terminal (the log files get
-everything), each worker's last lines are kept for the summary. The rules and the fast paths:
-docs/supervisor.md. With `background=True` (the supervisor) the terminal and the log files are written
-from helper threads with bounded queues (`sinks.py`), so a slow sink never stalls the event loop.
+ends a line, cursor moves are dropped, very long lines are cut in marked chunks, `only` and the rank
+wrapper's HIDDEN mark filter the terminal (the log files and the watchers get everything), each worker's
+last lines and first traceback are kept for the summary. A lone unprefixed worker on a real terminal gets
+the terminal raw (its progress bars redraw in place); its log file and watchers still get clean lines.
+The rules and the fast paths: docs/supervisor.md. With `background=True` (the supervisor) the terminal and
+the log files are written from helper threads with bounded queues (`sinks.py`): a slow sink never stalls
+the event loop.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from podguard.launch.errorlines import FirstError, SignalTraceback
 from podguard.launch.lines import (
     CONT_END,
     CONT_START,
+    HIDDEN,
     LINE_CAP,
     cut_long,
     cut_long_lines,
     may_have_long_line,
     normalise_cr,
+    split_hidden,
+    strip_cursor,
 )
 from podguard.launch.sinks import LogFile, LogSink, TerminalSink, open_log, write_all
 
@@ -40,6 +47,7 @@ READ_SIZE = 1 << 20  # matches the 1 MiB pipes made by process.py
 TAIL_BYTES = 32 * 1024  # window kept per worker for its last lines
 
 LineCallback = Callable[[str, str], None]  # (worker name, line without its newline)
+ActivityCallback = Callable[[str], None]  # (worker name): bytes arrived that end no line (a dot per step)
 
 
 @dataclass(eq=False)
@@ -57,6 +65,10 @@ class Stream:
     window_cut: bool = False  # the window dropped older output: its first line may be partial
     eof: bool = False
     watchers: list[LineCallback] = field(default_factory=list)
+    raw_ok: bool = False  # a lone unprefixed worker on a tty: once it redraws with '\r', the terminal goes raw
+    raw: bool = False  # the terminal gets this stream's bytes as they come (its bars redraw in place)
+    first_error: FirstError = field(default_factory=FirstError)
+    condense: SignalTraceback = field(default_factory=SignalTraceback)
 
 
 class Printer:
@@ -77,6 +89,8 @@ class Printer:
         self._only = set(only) if only is not None else None
         self._on_line = on_line
         self._all_watchers: list[LineCallback] = []
+        self._activity: list[ActivityCallback] = []
+        self._term_midline = False  # a raw stream left the terminal in the middle of a line
         self.tail_lines = tail_lines
         self.streams: dict[str, Stream] = {}
         self._by_fd: dict[int, Stream] = {}
@@ -100,6 +114,9 @@ class Printer:
             visible=self._only is None or name in self._only,
             log=log,
         )
+        for other in self.streams.values():  # raw only while it is the only stream
+            self._end_raw(other)
+        stream.raw_ok = not prefix and stream.visible and not self.streams and self._term.isatty()
         if self._on_line is not None:
             stream.watchers.append(self._on_line)
         stream.watchers.extend(self._all_watchers)
@@ -113,6 +130,10 @@ class Printer:
         self._all_watchers.append(callback)
         for stream in self.streams.values():
             stream.watchers.append(callback)
+
+    def watch_activity(self, callback: ActivityCallback) -> None:
+        """Call `callback(name)` when a worker's bytes arrive that end no line (output without line ends)."""
+        self._activity.append(callback)
 
     def watch(self, name: str, callback: LineCallback) -> None:
         """Call `callback(name, line)` for each further line of worker `name`."""
@@ -168,11 +189,23 @@ class Printer:
         A '\\r' that is the very last byte waits in `pending` for the next read: it may be the
         first half of a '\\r\\n' (one line end, not two).
         """
+        if stream.raw_ok and not stream.raw and data.count(b"\r") > data.count(b"\r\n"):
+            stream.raw = True  # it redraws in place: let the terminal do that (the line so far first)
+            self._out.append(stream.pending)
+        if stream.raw:
+            if HIDDEN in data:  # the rank wrapper's marked lines must not reach the terminal
+                self._end_raw(stream)
+            else:
+                self._out.append(data)
+                self._term_midline = not data.endswith(b"\n")
         buf = stream.pending + data if stream.pending else data
         end = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
         cut = max(buf.rfind(b"\n", 0, end), buf.rfind(b"\r", 0, end))
         if cut < 0:
             stream.pending = buf
+            if data:
+                for callback in self._activity:
+                    callback(stream.name)
             if len(buf) > LINE_CAP:
                 self._overflow(stream)
             return
@@ -180,8 +213,10 @@ class Printer:
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
-            if not complete:
-                return
+        if b"\x1b[" in complete:
+            complete = strip_cursor(complete)
+        if not complete:
+            return
         if stream.continued:
             complete = CONT_START + complete
             stream.continued = False
@@ -209,9 +244,14 @@ class Printer:
             # `pending` holds no line end, except perhaps one last '\\r' (see feed)
             rest = stream.pending.removesuffix(b"\r")
             if rest or not stream.pending.endswith(b"\r"):
-                self._emit(stream, (CONT_START if stream.continued else b"") + rest + b"\n")
+                last = strip_cursor(rest + b"\n")  # (rich's last `ESC[?25h` alone: nothing to show)
+                if last:
+                    self._emit(stream, (CONT_START if stream.continued else b"") + last)
             stream.pending = b""
             stream.continued = False
+        self._end_raw(stream)  # (after its last partial line: the terminal had it already)
+        if stream.visible:
+            self._show(stream, stream.condense.flush())
         if stream.fd is not None:
             self._by_fd.pop(stream.fd, None)
             with contextlib.suppress(OSError):
@@ -222,14 +262,37 @@ class Printer:
             stream.log = None
 
     # -- output -------------------------------------------------------------------------------------
+    def _end_raw(self, stream: Stream) -> None:
+        """From now on the stream's terminal lines go through the normal path (a new line if it was mid-line)."""
+        stream.raw_ok = False
+        if stream.raw:
+            stream.raw = False
+            self._end_midline()
+
+    def _show(self, stream: Stream, lines: bytes) -> None:
+        """Complete lines to the terminal, prefixed."""
+        if not lines:
+            return
+        prefix = stream.prefix
+        if prefix:
+            self._out.append(prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
+        else:
+            self._out.append(lines)
+
+    def _end_midline(self) -> None:
+        if self._term_midline:
+            self._out.append(b"\n")
+            self._term_midline = False
+
     def _emit(self, stream: Stream, lines: bytes) -> None:
         """`lines`: one or more complete lines, each ending in b'\\n'."""
-        if stream.visible:
-            prefix = stream.prefix
-            if prefix:
-                self._out.append(prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
-            else:
-                self._out.append(lines)
+        shown = lines
+        if HIDDEN in lines:
+            shown, lines = split_hidden(lines)
+        if stream.visible and shown and not stream.raw:
+            self._show(stream, stream.condense.feed(shown))
+        if not stream.first_error.done:
+            stream.first_error.feed(lines)
         if stream.log is not None:
             self._log_out.append((stream.log, lines))
         if len(lines) >= TAIL_BYTES:
@@ -250,6 +313,7 @@ class Printer:
     def message(self, text: str) -> None:
         """podguard's own line(s), in order with the workers' output."""
         data = text.encode("utf-8", "replace")
+        self._end_midline()
         self._out.append(data if data.endswith(b"\n") else data + b"\n")
 
     def _log_warning(self, name: str, path: Path, exc: OSError, what: str) -> None:
@@ -278,6 +342,11 @@ class Printer:
         logs_done = self._logs.close(stall_s=stall_s, cap_s=cap_s)
         self.flush()  # a warning about a log file that failed while closing
         return self._term.close(stall_s=stall_s, cap_s=cap_s) and logs_done
+
+    def first_error(self, name: str) -> tuple[str, ...]:
+        """Worker `name`'s first traceback (shortened), () when it printed none."""
+        stream = self.streams.get(name)
+        return stream.first_error.lines if stream is not None else ()
 
     def tail(self, name: str, n: int | None = None) -> tuple[str, ...]:
         """The last `n` (default `tail_lines`) lines of worker `name` (a pending partial one last)."""

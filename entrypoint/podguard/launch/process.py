@@ -81,8 +81,8 @@ class Worker:
             except OSError:
                 return False
 
-    def exit_record(self, tail: tuple[str, ...] = ()) -> WorkerExit:
-        """How it ended (so far: None fields while it runs), with its last output lines."""
+    def exit_record(self, tail: tuple[str, ...] = (), first_error: tuple[str, ...] = ()) -> WorkerExit:
+        """How it ended (so far: None fields while it runs), with its last output lines and first traceback."""
         code = os.waitstatus_to_exitcode(self.status) if self.status is not None else None
         ended = self.ended_at if self.ended_at is not None else time.monotonic()
         return WorkerExit(
@@ -93,6 +93,7 @@ class Worker:
             tail=tail,
             stopped_by_podguard=self.stopped_by_podguard,
             duration_s=round(ended - self.started_at, 3),
+            first_error=first_error,
         )
 
     def mark_reaped(self, status: int) -> None:

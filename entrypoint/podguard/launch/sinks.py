@@ -175,6 +175,13 @@ class TerminalSink(_Sink):
                 self.text = buffer is None and isinstance(out, io.TextIOBase)
         self._queue: _TerminalQueue | None = _TerminalQueue(self, on_drained) if background else None
 
+    def isatty(self) -> bool:
+        """Whether the output is a real terminal (a person watching it), not a pipe or a file."""
+        try:
+            return self.fd is not None and os.isatty(self.fd)
+        except OSError:
+            return False
+
     def submit(self, bufs: list[bytes]) -> None:
         """Write `bufs` in order: now, or (background) soon, without blocking the caller."""
         if self._queue is not None:

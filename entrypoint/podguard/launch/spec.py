@@ -44,6 +44,7 @@ class WorkerExit(Record):
     tail: tuple[str, ...] = ()  # its last output lines
     stopped_by_podguard: bool = False  # True when podguard stopped it (fail-fast, shutdown)
     duration_s: float | None = None  # from start to exit, when podguard started it
+    first_error: tuple[str, ...] = ()  # its output's first traceback (several ranks in one pipe: the first by time)
 
     @property
     def failed(self) -> bool:

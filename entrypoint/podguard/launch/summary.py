@@ -27,11 +27,22 @@ def describe_exit(exit: WorkerExit) -> str:
 
 
 def format_summary(outcome: JobOutcome, *, lines: int = 20) -> str:
-    """The human summary: one line, plus the root cause's last log lines when the job failed."""
+    """The human summary: one line, plus the root cause's first error and last log lines when the job failed.
+
+    The first error (the first traceback in the worker's output) leads when the last lines do not end with it:
+    where a framework starts the ranks in one worker, the rank that raised first is the root cause, and the last
+    lines are the other ranks failing after it (`Connection closed by peer`)."""
     text = outcome.detail or f"job exited {outcome.exit_code}"
     root = outcome.root_cause
-    if outcome.exit_code != 0 and root is not None and root.tail:
-        tail = root.tail[-lines:]
+    if outcome.exit_code == 0 or root is None:
+        return text
+    first = root.first_error
+    tail = root.tail[-lines:]
+    if first and first[-1] not in tail[-3:]:
+        text += f"\nfirst error in the output of {root.name}: {first[-1].strip()}\n"
+        text += "\n".join(f"  | {line}" for line in first)
+        tail = tail[-max(1, lines // 2) :]
+    if tail:
         text += f"\nlast {len(tail)} line(s) of {root.name}:\n" + "\n".join(f"  | {line}" for line in tail)
     return text
 

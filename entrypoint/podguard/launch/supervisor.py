@@ -105,6 +105,7 @@ class Supervisor:
         self._fail_fast = fail_fast
         self.job_id = f"{os.getpid()}-{time.time_ns()}"
         self._orphans = Orphans(self.job_id)
+        self._told_leftovers: set[int] = set()  # leftovers already named in a line (each is named once)
         self._watchdog: Watchdog | None = None
         self._shutdown = KillSequence(self.grace_s)
         self._signal: int | None = None  # the terminating signal podguard received first
@@ -153,6 +154,12 @@ class Supervisor:
             self._root_detail = detail
             self.message(f"{detail}; stopping {self._live_count()} worker(s)")
         self.stop()
+
+    def end_with(self, code: int, detail: str) -> None:
+        """The job's outcome should it end before `fail()` (a billing guard waiting for the job's save: the
+        workers keep running and may exit on their own); a worker's own failure still names its root cause."""
+        if self._root is None and self._root_code is None and not self._shutdown.stopping:
+            self._root_code, self._root_detail = code, detail
 
     @property
     def stopping(self) -> bool:
@@ -320,9 +327,13 @@ class Supervisor:
             sig = self._shutdown.current_signal
             self.message(f"{signal_name(sig)} to leftover process(es) of the job: {describe_pids(fresh)}")
             self._orphans.signal_all(sig, fresh)
+            self._told_leftovers.update(fresh)
 
     def _stop_leftovers(self) -> None:
-        self.message(f"stopping leftover process(es) of the job: {describe_pids(self._orphans.live)}")
+        untold = set(self._orphans.live) - self._told_leftovers
+        if untold:
+            self.message(f"stopping leftover process(es) of the job: {describe_pids(untold)}")
+            self._told_leftovers.update(untold)
         if not self._shutdown.stopping:
             self.stop()
         else:
@@ -389,7 +400,7 @@ class Supervisor:
 
     # -- the result -------------------------------------------------------------------------------
     def _exit_record(self, worker: Worker) -> WorkerExit:
-        return worker.exit_record(self.printer.tail(worker.name))
+        return worker.exit_record(self.printer.tail(worker.name), self.printer.first_error(worker.name))
 
     def _drain_pipes(self) -> None:
         """Read what is left in the pipes; a pipe an outsider holds open is given up after DRAIN_WAIT_S."""

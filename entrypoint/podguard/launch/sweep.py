@@ -31,6 +31,8 @@ STRIPPED_ENV = (
     "PODGUARD_NPROC_PER_NODE",
     "MASTER_PORT",
     "PODGUARD_MASTER_PORT",
+    "PODGUARD_METRICS_PORT",  # one endpoint per port: N runs on one port would be 64 for all but the first
+    "PODGUARD_METRICS_FILE",  # ... and N runs would overwrite one textfile
 )
 DEFAULT_PREFIX = "run{i}:"
 DEFAULT_SWEEP_GRACE_S = 10.0  # each run is a podguard with its own 7 s grace: give it time to use it

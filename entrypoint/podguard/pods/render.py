@@ -77,4 +77,8 @@ def pod_details(pod: Pod) -> str:
     ]
     if pod.data_center:
         lines.append(f"where:    {pod.data_center}")
+    from podguard.metrics.proxy import metrics_url
+
+    if (metrics := metrics_url(pod)) is not None:  # [env] PODGUARD_METRICS_PORT + ports = ["9464/http"]
+        lines.append(f"metrics:  {metrics}")
     return "\n".join(lines)

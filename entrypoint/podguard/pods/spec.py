@@ -273,6 +273,14 @@ def _cluster(c: _Checker, data: Mapping[str, Any], spec: PodSpec) -> ClusterShap
         raise c.fail("interruptible", "is refused with [cluster]: Instant Clusters have no spot nodes; remove it")
     if "gpu" not in data:
         raise c.fail("[cluster]", "needs a [gpu] table: the GPU types to try and `count`, the GPUs per node")
+    limits = data.get("limits")
+    if isinstance(limits, dict) and "restarts" in limits:
+        raise c.fail(
+            "[limits] restarts",
+            "is refused with [cluster]: it relaunches one node's job, which the other nodes do not follow; use "
+            'torchrun\'s --max-restarts (e.g. args = "train --mode torchrun --max-restarts 2 -- python train.py"), '
+            "which restarts every node's workers together",
+        )
     return ClusterShape(nodes=nodes, type=kind)
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from podguard.rank.memlog import MemorySample, log_memory, sample_memory
     from podguard.rank.nanguard import NanGuard, NonFiniteError
     from podguard.rank.progress import heartbeat
+    from podguard.rank.resume import SaveRequest, resume_from, resume_step
 
 # Loaded on first use, so that `python -m podguard.rank.wrap` (started once per torchrun rank) imports
 # only what it needs.
@@ -36,7 +37,7 @@ _HOMES = {
     "preset": "config", "RankContext": "init", "init_rank": "init", "read_dist_env": "init",
     "resolve_device_index": "init", "LockHold": "lock", "serialized": "lock", "MemorySample": "memlog",
     "log_memory": "memlog", "sample_memory": "memlog", "NanGuard": "nanguard", "NonFiniteError": "nanguard",
-    "heartbeat": "progress",
+    "heartbeat": "progress", "resume_from": "resume", "resume_step": "resume", "SaveRequest": "resume",
 }  # fmt: skip
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "NanGuard",
     "NonFiniteError",
     "RankContext",
+    "SaveRequest",
     "TrainConfig",
     "build_config",
     "heartbeat",
@@ -65,6 +67,8 @@ __all__ = [
     "preset",
     "read_dist_env",
     "resolve_device_index",
+    "resume_from",
+    "resume_step",
     "sample_memory",
     "serialized",
 ]

@@ -8,7 +8,10 @@
 Under `podguard train|run` the supervisor gives each worker a small shared file (PODGUARD_HEARTBEAT_FILE) with
 one slot per local rank; `heartbeat()` writes its count, the step and the monotonic time into this process's
 slot through an mmap, and the supervisor reads the slots on its own loop (launch/watch/progress.py). Outside
-podguard (no variable) it does nothing. The slot is PODGUARD_HEARTBEAT_SLOT, else LOCAL_RANK, else 0. A rank
+podguard (no variable) it does nothing. The slot is PODGUARD_HEARTBEAT_SLOT, else LOCAL_RANK, else the rank of
+torch.distributed's process group where the job initialised it before its first heartbeat (ranks a job starts
+itself with torch.multiprocessing.spawn have neither variable), else 0. The pid is read once (and again in a
+forked child), so a heartbeat makes no system call. A rank
 that has sent a heartbeat is hung when its own heartbeats stop for `--hang-timeout`; with steps, podguard also
 knows each rank's step rate (stragglers). Standard library only; never raises into the training loop.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,7 @@ _NO_BOARD = object()
 _board: object | tuple[mmap.mmap, int] | None = None  # None: not opened yet; _NO_BOARD: none for this process
 _count = 0
 _rank1 = 0  # this process's global RANK + 1 (0: none)
+_pid = 0  # this process's pid, read once (and again in a forked child): os.getpid() is a system call
 _STEP_MAX = 2**63 - 1
 
 
@@ -82,13 +87,19 @@ def read_board(path: Path) -> dict[int, Beat]:
 
 
 def _open() -> object | tuple[mmap.mmap, int]:
-    global _rank1
+    global _rank1, _pid
+    _pid = os.getpid() & 0xFFFFFFFF
     path = os.environ.get(ENV_FILE)
     if not path:
         return _NO_BOARD
     rank = os.environ.get("RANK", "")
     _rank1 = int(rank) + 1 if rank.isdigit() and int(rank) < 2**31 - 1 else 0
-    raw = os.environ.get(ENV_SLOT) or os.environ.get("LOCAL_RANK") or "0"
+    raw = os.environ.get(ENV_SLOT) or os.environ.get("LOCAL_RANK")
+    if raw is None:  # a rank the job started itself (mp.spawn: no RANK, no LOCAL_RANK): torch's own rank, if set
+        spawned = _torch_rank()
+        if spawned is not None and not _rank1:
+            _rank1 = spawned + 1
+        raw = str(spawned or 0)
     try:
         slot = int(raw)
         with open(path, "r+b") as fh:
@@ -100,6 +111,17 @@ def _open() -> object | tuple[mmap.mmap, int]:
         mm.close()
         return _NO_BOARD
     return mm, FIRST_SLOT + slot * SLOT_SIZE
+
+
+def _torch_rank() -> int | None:
+    """The process group's rank where the job has torch.distributed initialised (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # never raise into a training loop
+        return None
+    return None
 
 
 def heartbeat(step: int | None = None) -> None:
@@ -114,7 +136,7 @@ def heartbeat(step: int | None = None) -> None:
     _count += 1
     value = step if type(step) is int and 0 <= step <= _STEP_MAX else _step_number(step)
     try:  # noqa: SIM105 (the hot path: a try costs nothing, contextlib.suppress an object per call)
-        SLOT.pack_into(mm, offset, _count, value, time.monotonic(), os.getpid() & 0xFFFFFFFF, _rank1)
+        SLOT.pack_into(mm, offset, _count, value, time.monotonic(), _pid, _rank1)
     except (ValueError, struct.error):  # the board was closed under us (interpreter shutdown): never raise
         pass
 
@@ -130,6 +152,15 @@ def _step_number(step: object) -> int:
     return value if 0 <= value <= _STEP_MAX else -1
 
 
+def _forked() -> None:
+    """In a forked child (a data-loader worker): its own pid, read once."""
+    global _pid
+    _pid = os.getpid() & 0xFFFFFFFF
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _reset_for_tests() -> None:
-    global _board, _count, _rank1
-    _board, _count, _rank1 = None, 0, 0
+    global _board, _count, _rank1, _pid
+    _board, _count, _rank1, _pid = None, 0, 0, 0

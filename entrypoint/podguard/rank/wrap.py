@@ -4,9 +4,11 @@
 
 torchrun starts it once per rank (`build_torchrun_spec` puts it in front of the user's command). It reads
 the worker's stdout and stderr, writes whole lines prefixed `rank{N}:` in single writes of at most
-PIPE_BUF bytes (ranks never interleave mid-line), appends them to `rank{N}.log` (best-effort: a full
-volume costs the log, never the job), writes `podguard_exit.json` next to torch's error file, and then
-exits with the worker's code or dies by the worker's signal. Standard library only; docs/torchrun.md.
+PIPE_BUF bytes (ranks never interleave mid-line; a rank `--show` leaves out marks its lines HIDDEN: podguard
+keeps them off the terminal, while its watch and log files get every line), appends them to `rank{N}.log`
+(best-effort: a full volume costs the log, never the job), writes `podguard_exit.json` next to torch's error
+file, and then exits with the worker's code or dies by the worker's signal. Standard library only (and
+`launch/lines.py`, which imports nothing else); docs/torchrun.md.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from podguard.errors import ExitCode, signal_exit_code
+from podguard.launch.lines import HIDDEN
 
 __all__ = ["DEFAULT_RANK_PREFIX", "EXIT_FILE", "WRAP_MODULE", "main"]
 
@@ -45,7 +48,7 @@ class WrapOptions:
     prefix: str = DEFAULT_RANK_PREFIX
     log_dir: str | None = None
     gpus: tuple[str, ...] = ()
-    show: tuple[str, ...] | None = None  # local ranks whose lines go to the terminal; None = all
+    show: tuple[str, ...] | None = None  # local ranks whose lines are shown on the terminal; None = all
     command: tuple[str, ...] = ()
 
 
@@ -132,7 +135,8 @@ class LineStream:
     """One of the worker's pipes, cut into whole lines (`\\n`, `\\r\\n` and bare `\\r` end a line)."""
 
     def __init__(self, dst: int, prefix: bytes, show: bool, log: RankLog, tail: deque[str]) -> None:
-        self.dst, self.prefix, self.show, self.log, self.tail = dst, prefix, show, log, tail
+        # every line goes to podguard (its watch and log files need them); a hidden one is marked for the terminal
+        self.dst, self.prefix, self.log, self.tail = dst, prefix if show else HIDDEN + prefix, log, tail
         self.partial = b""
         self.after_cr = False
         self.dst_ok = True
@@ -189,7 +193,7 @@ class LineStream:
             self.write(b"".join(out))
 
     def write(self, data: bytes) -> None:
-        if not (self.show and self.dst_ok):
+        if not self.dst_ok:
             return
         try:
             os.write(self.dst, data)  # <= PIPE_BUF: one atomic write, never interleaved with other ranks

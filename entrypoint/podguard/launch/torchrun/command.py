@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podguard.errors import UsageError
+from podguard.launch.modes import line_buffering_env, progress_bar_env
 from podguard.launch.ports import parse_int
 from podguard.launch.prefix import RANK_PREFIX_FIELDS, check_format
 from podguard.launch.spec import WorkerSpec
@@ -48,7 +50,30 @@ REPLY_FILE = "torchrun_error.json"  # the agent's TORCHELASTIC_ERROR_FILE, insid
 DEFAULT_CPU_NPROC = 2
 
 _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
-_LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+# Commands that start ranks themselves: under torchrun each rank would start a whole job (N x M processes).
+_LAUNCHERS = {
+    "torchrun": "torchrun",
+    "accelerate": "accelerate launch",
+    "deepspeed": "deepspeed",
+    "lightning": "lightning's CLI",
+    "fabric": "Lightning Fabric's CLI",
+    "mpirun": "mpirun",
+    "mpiexec": "mpiexec",
+    "srun": "srun",
+    "colossalai": "colossalai run",
+    "composer": "composer",
+}
+_LAUNCHER_MODULES = {
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torch.distributed.launch",
+    "accelerate.commands.launch": "accelerate launch",
+    "accelerate.commands.accelerate_cli": "accelerate launch",
+    "deepspeed.launcher.runner": "deepspeed",
+    "lightning": "lightning's CLI",
+    "lightning.fabric.cli": "Lightning Fabric's CLI",
+    "lightning_fabric.cli": "Lightning Fabric's CLI",
+    "composer.cli.launcher": "composer",
+}
 
 
 class CommandKind(StrEnum):
@@ -94,14 +119,22 @@ def _is_python(token: str) -> bool:
     return bool(_PYTHON_RE.match(os.path.basename(token))) or token == sys.executable
 
 
+def _launcher_refused(what: str, argv: Sequence[str]) -> UsageError:
+    command = shlex.join(argv)
+    command = command if len(command) <= 80 else command[:77] + "..."
+    return UsageError(
+        f"the command is a launcher ({what}): in torchrun mode every rank would start it, and each would start its "
+        f"own ranks; run the launcher in single mode (`podguard train --mode single -- {command}`), "
+        "or give torchrun mode the training script itself (`podguard train --mode torchrun -- python train.py`)"
+    )
+
+
 def _refuse_launcher(argv: Sequence[str]) -> None:
     if not argv or not argv[0]:
         raise UsageError("torchrun mode needs a command, e.g. `podguard train -- python train.py`")
-    if os.path.basename(argv[0]) == "torchrun":
-        raise UsageError(
-            "the command already starts torchrun; give the training script itself "
-            "(`podguard train -- python train.py`), or use --mode single to run it as is"
-        )
+    what = _LAUNCHERS.get(os.path.basename(argv[0]))
+    if what is not None:
+        raise _launcher_refused(what, argv)
 
 
 def _python_command(python: str, argv: Sequence[str]) -> UserCommand:
@@ -115,10 +148,7 @@ def _python_command(python: str, argv: Sequence[str]) -> UserCommand:
                 raise UsageError("`python -m` needs a module name, e.g. `python -m mypkg.train`")
             module = argv[i + 1]
             if module in _LAUNCHER_MODULES:
-                raise UsageError(
-                    f"the command already starts {module}; give the training script itself, "
-                    "or use --mode single to run it as is"
-                )
+                raise _launcher_refused(f"python -m {module}", argv)
             return UserCommand(CommandKind.MODULE, python, tuple(opts), module, tuple(argv[i + 2 :]))
         if tok in ("-c", "-") or not tok.startswith("-"):
             break
@@ -253,6 +283,8 @@ def _agent_env(
     env: dict[str, str] = dict(selection.child_env())
     env["TORCHELASTIC_ERROR_FILE"] = str(reply)
     env["PYTHONUNBUFFERED"] = "1"  # the agent's own log lines arrive in order with the workers'
+    env.update(line_buffering_env(env_in))  # native ranks (--no-python programs) print line by line too
+    env.update(progress_bar_env(env_in))  # rich's live displays (Lightning's default bar) draw on a pipe
     if workers > 1 and "OMP_NUM_THREADS" not in env_in:
         env["OMP_NUM_THREADS"] = "1"  # what torchrun would set anyway, without its 5-line banner
     env.update(extra_env or {})

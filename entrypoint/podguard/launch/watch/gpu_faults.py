@@ -256,6 +256,11 @@ class GpuFaultWatch:
 
     # -- for the supervisor --------------------------------------------------------------------------------
 
+    @property
+    def backend(self) -> GpuBackend:
+        """The NVML session the watch polls (the metrics' GPU gauges are read through it: one NVML reader)."""
+        return self._backend
+
     def fatal_on(self, index: int) -> GpuFault | None:
         """The first fatal fault seen on this GPU: a worker on it that dies later has this as its root cause."""
         return next((f for f in self.faults if f.index == index and f.fatal), None)

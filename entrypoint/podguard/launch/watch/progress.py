@@ -74,6 +74,7 @@ class ProgressWatch:
         self.matched = False  # a --progress line matched (or, without a pattern: nothing to match)
         self.beating = False  # some rank sent a heartbeat
         self.seen = False  # anything counted as progress at all (a line or a heartbeat)
+        self.events = 0  # progress counted on this node (what it shares with the other nodes of a cluster)
 
     @property
     def progressed(self) -> bool:
@@ -87,9 +88,25 @@ class ProgressWatch:
                 return
             self.matched = True
         self.seen = True
+        self.events += 1
         self.last_at = now
         shown = line.strip()
         self.last_what = f"{worker}: {shown[:LINE_SHOWN]!r}" + ("..." if len(shown) > LINE_SHOWN else "")
+
+    def activity(self, worker: str, now: float) -> None:
+        """Output without a line end (a dot per step): progress when no `pattern` is given (it matches lines)."""
+        if self.pattern is None:
+            self.seen = True
+            self.events += 1
+            self.last_at = now
+            self.last_what = f"{worker}: output without a line end"
+
+    def remote(self, at: float, what: str) -> None:
+        """Another node of the cluster made progress (seen at `at`, this node's clock): the job is not hung.
+        Only the job's clock moves; each rank's heartbeats are still judged on their own."""
+        if at > self.last_at:
+            self.last_at = at
+            self.last_what = what
 
     def beats(self, board: Mapping[int, Beat], now: float) -> list[int]:
         """Take the newest heartbeats; returns the slots that moved since the last call."""
@@ -108,6 +125,7 @@ class ProgressWatch:
                 self.last_what = f"heartbeat of rank {beat.label}{step}"
         self.beating = self.beating or bool(moved)
         self.seen = self.seen or bool(moved)
+        self.events += len(moved)
         return moved
 
     def check(self, now: float, alive: Callable[[int], bool] | None = None) -> Hang | None:
@@ -117,7 +135,9 @@ class ProgressWatch:
             return None
         silent = now - self.last_at
         if silent >= self.timeout_s:
-            return Hang(silent, self._ago(self.last_what, self.last_at, now))
+            slots = self._behind()  # lockstep ranks all stop beating at once: name the one(s) left behind
+            ranks = tuple(sorted(self.labels.get(s, s) for s in slots))
+            return Hang(silent, self._ago(self.last_what, self.last_at, now), ranks, slots)
         stuck = sorted(slot for slot, (at, _, _) in self.rank_last.items() if now - at >= self.timeout_s)
         if alive is not None:
             for slot in [s for s in stuck if not alive(self.rank_last[s][2])]:
@@ -131,6 +151,20 @@ class ProgressWatch:
             ranks = tuple(sorted(self.labels.get(s, s) for s in stuck))
             return Hang(now - oldest, self._ago(last, at, now), ranks, tuple(stuck))
         return None
+
+    def _behind(self) -> tuple[int, ...]:
+        """The heartbeat slots behind the others (a lower step, else fewer beats); () when none is behind."""
+        if len(self.rank_last) < 2:
+            return ()
+        steps = {slot: step for slot, (_, step, _) in self.rank_last.items()}
+        if all(step is not None for step in steps.values()):
+            key: dict[int, int] = {slot: step for slot, step in steps.items() if step is not None}
+        else:
+            key = {slot: self._counts.get(slot, 0) for slot in self.rank_last}
+        low = min(key.values())
+        if low == max(key.values()):
+            return ()
+        return tuple(sorted(slot for slot, value in key.items() if value == low))
 
     def next_due(self, now: float) -> float | None:
         """When `check` can next find a hang (None: never)."""

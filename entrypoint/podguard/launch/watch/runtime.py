@@ -4,20 +4,21 @@
     env = watch.worker_env(slots=8)          # the heartbeat board (and the flight recorder, with a hang timeout)
     outcome = watch.explain(run_job(specs, watch=watch))   # 79 for a hang, 76 for a GPU fault, with the cause
 
-One timer on the supervisor's loop (every `tick_s`): read the heartbeat board (one small file), poll the GPU
-fault watch (NVML, non-blocking), check progress and stragglers. Output lines reach `ProgressWatch` through the
-printer's line callbacks. When the job is hung: one line saying so, the evidence (torch's flight recorder,
-then every worker's Python stacks) taken on one helper thread while the loop goes on, a short per-rank summary,
-a JSON record under the run's `hang/` folder, then the job is ended with 79. A fatal GPU fault is printed at
-once and ends the job with 76; an application Xid is only printed. Rules and sources: docs/watch.md.
+One timer on the supervisor's loop (every `tick_s`): read the heartbeat board (/dev/shm: board.py), take what
+the GPU fault watch's thread found (NVML never runs on the loop: gpu_poller.py), take the other nodes' progress
+on a multi-node run (launch/cluster/share.py), check progress and stragglers. Output lines reach
+`ProgressWatch` through the printer's line callbacks. When the job is hung: one line saying so, the evidence
+(every worker's Python stacks, then torch's flight recorder) taken on a helper thread (evidence.py), a short
+per-rank summary, a JSON record under the run's `hang/` folder, then the job is ended with 79 — at a deadline
+whatever that thread does. A fatal GPU fault is printed at once and ends the job with 76; an application Xid is
+only printed. Rules and sources: docs/watch.md.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,18 +27,24 @@ from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
+from podguard.launch.watch.board import PlacedBoard, place_board, remove_board
+from podguard.launch.watch.evidence import HANG_END_S, HangEvidence, evidence_deadline_s, write_json
+from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
 from podguard.launch.watch.progress import Hang, ProgressWatch
 from podguard.launch.watch.stragglers import StepRates
-from podguard.rank.progress import ENV_FILE, create_board, read_board
+from podguard.rank.progress import ENV_FILE, Beat, read_board
 
 if TYPE_CHECKING:
+    from podguard.gpu.backend import GpuBackend
+    from podguard.launch.cluster.model import GateSettings
+    from podguard.launch.cluster.share import ProgressShare
     from podguard.launch.supervisor import Supervisor
     from podguard.launch.watch.gpu_faults import GpuFault, GpuFaultWatch
 
 __all__ = ["RuntimeSettings", "RuntimeWatch"]
 
 TICK_S = 1.0
-EVIDENCE_TIMEOUT_S = 20.0  # the stacks and the flight recorder together, at most
+GPU_WAIT_S = 0.5  # at a worker's end and at the end: how long the loop waits for a fresh NVML poll
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class RuntimeSettings:
     python: str | None = None  # the job's interpreter, where its command names one (its torch arms the recorder)
     line_prefix: re.Pattern[str] | None = None  # a launcher's prefix on the workers' lines (torchrun: `rank3: `)
     tick_s: float = TICK_S
+    cluster: GateSettings | None = None  # a multi-node run: where the nodes share their progress (node 0's store)
+    hang_end_s: float = field(default_factory=lambda: _env_seconds("PODGUARD_HANG_END_S", HANG_END_S))
+    nvml_stall_s: float = field(default_factory=lambda: _env_seconds("PODGUARD_NVML_STALL_S", NVML_STALL_S))
 
 
 class RuntimeWatch:
@@ -66,7 +76,8 @@ class RuntimeWatch:
     ) -> None:
         self.settings = settings
         self.run_dir = run_dir
-        self.board = run_dir / "heartbeats"
+        self.board: Path | None = None  # the heartbeat board (launch/watch/board.py), once placed
+        self._placed: PlacedBoard | None = None
         self.evidence_dir = run_dir / "hang"
         self._gpu_watch = gpu_watch
         self._gpu_watch_tried = False
@@ -78,11 +89,18 @@ class RuntimeWatch:
         self.hang_lines: list[str] = []
         self.faults: list[GpuFault] = []
         self._timer: Any = None
-        self._evidence: threading.Thread | None = None
+        self._evidence: HangEvidence | None = None
+        self._deadline: Any = None  # the timer that ends a hung job whatever the evidence thread does
+        self._hang_ended = False
         self._closed = False
         self.flight = False  # torch's flight recorder was armed for this attempt
         self.job_env: dict[str, str] = dict(os.environ)
         self.worker_gpus: dict[str, tuple[int, ...]] = {}
+        self.beats: dict[int, Beat] = {}  # the heartbeat board as last read (the metrics read it)
+        self.gpu_reader: Callable[[GpuBackend], None] | None = None  # called after each fault poll (metrics/)
+        self._poller: GpuPoller | None = None  # the GPU fault watch's thread (NVML never on the loop)
+        self._share: ProgressShare | None = None  # multi-node: the other nodes' progress (its own thread)
+        self.nvml_stuck = ""  # set once an NVML call stayed in flight for nvml_stall_s
 
     def _progress_watch(self) -> ProgressWatch:
         st = self.settings
@@ -91,10 +109,15 @@ class RuntimeWatch:
     # -- before the launch --------------------------------------------------------------------------------
     def worker_env(self, slots: int) -> dict[str, str]:
         """What every worker gets: the heartbeat board, and (with a hang timeout) torch's flight recorder."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full or read-only state dir: warnings below, never a traceback
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         self._open_gpu_watch()  # before the workers: a fault from now on is a fault, not the starting value
-        create_board(self.board, max(1, slots))
-        env = {ENV_FILE: str(self.board)}
+        if self._placed is None:
+            self._placed = place_board(f"{self.run_dir.name}-{os.getpid()}", max(1, slots), (self.run_dir,))
+            for warning in self._placed.warnings:
+                self._say(f"podguard: warning: {warning}")
+        self.board = self._placed.path
+        env = {ENV_FILE: str(self.board)} if self.board is not None else {}
         if self.settings.hang_timeout_s is not None:
             from podguard.launch.watch.flight import flight_recorder_env, installed_torch_version
 
@@ -110,7 +133,15 @@ class RuntimeWatch:
         self.sup = sup
         self.progress = self._progress_watch()
         sup.printer.watch_all(self._line)
+        sup.printer.watch_activity(self._activity)
         self._open_gpu_watch()
+        if self.settings.cluster is not None and self._share is None:  # a hang is the job's verdict, not a node's
+            from podguard.launch.cluster.share import share_or_none
+
+            self._share = share_or_none(self.settings.cluster, lambda: self.progress.events, say=self._say_later)
+        if self._gpu_watch is not None and self._poller is None:  # NVML off the loop: its own thread
+            self._poller = GpuPoller(self._gpu_watch, self.settings.tick_s, after_poll=self._after_gpu_poll)
+            self._poller.start()
         self._schedule()
 
     def _open_gpu_watch(self) -> None:
@@ -126,12 +157,20 @@ class RuntimeWatch:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
+        if self._share is not None:
+            self._share.close()
         self._poll_faults(final=True)  # a fault that came with the workers' deaths is their root cause
-        if self._gpu_watch is not None:
+        if self._poller is not None:
+            self._poller.close(GPU_WAIT_S)  # (an NVML call that never returns is left to its daemon thread)
+        elif self._gpu_watch is not None:
             self._gpu_watch.close()
-        if self._evidence is not None:
-            self._evidence.join(EVIDENCE_TIMEOUT_S)
-        _write_json(self.run_dir / "watch.json", self.record())  # the run's record: hang, faults, stragglers
+        if self._evidence is not None:  # bounded: past the deadline the thread is given up (a daemon)
+            self._evidence.join(1.0 if self._evidence.done else 0.1)
+        if self._placed is not None:
+            if self.board is not None:  # the last beats (after the last tick), for the metrics' final values
+                self.beats = read_board(self.board)
+            remove_board(self._placed)
+        write_json(self.run_dir / "watch.json", self.record())  # the run's record: hang, faults, stragglers
 
     # -- the loop -------------------------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -141,11 +180,14 @@ class RuntimeWatch:
     def _line(self, worker: str, line: str) -> None:
         self.progress.line(worker, line, time.monotonic())
 
+    def _activity(self, worker: str) -> None:
+        self.progress.activity(worker, time.monotonic())
+
     def _tick(self) -> None:
         sup = self.sup
         assert sup is not None
         now = time.monotonic()
-        board = read_board(self.board)
+        board = self.beats = read_board(self.board) if self.board is not None else {}
         for slot in self.progress.beats(board, now):
             beat = board[slot]
             if beat.step is not None:
@@ -153,6 +195,9 @@ class RuntimeWatch:
         for slow in self.rates.check(now):
             sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
+        self._check_nvml_answers()
+        if self._share is not None and (seen := self._share.remote()) is not None:
+            self.progress.remote(*seen)  # another node moved: the job is not hung
         if self.hang is None and not sup.stopping and (hang := self.progress.check(now, alive=_pid_alive)) is not None:
             self._on_hang(hang)
         if not self._closed:
@@ -169,7 +214,11 @@ class RuntimeWatch:
         supervisor is ending the job anyway)."""
         if self._gpu_watch is None:
             return
-        for fault in self._gpu_watch.poll():
+        if self._poller is None:  # the supervisor never started: nothing else runs, poll here
+            faults = self._gpu_watch.poll()
+        else:  # a fresh poll waited for briefly at a worker's end and at the end, else what the thread found
+            faults = self._poller.poll_now(GPU_WAIT_S) if final or ending else self._poller.take()
+        for fault in faults:
             self.faults.append(fault)
             self._write_faults()
             if self.sup is None or final:
@@ -181,6 +230,29 @@ class RuntimeWatch:
                 self.sup.fail(None, ExitCode.GPU_UNHEALTHY, f"GPU FAULT: {fault.text}: ending the job")
             else:
                 self.sup.message(f"GPU FAULT: {fault.text}")
+
+    def _say_later(self, text: str) -> None:
+        """A line from a helper thread, printed by the loop."""
+        sup = self.sup
+        if sup is not None and not self._closed:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                sup.call_from_thread(lambda: sup.message(text))
+
+    def _after_gpu_poll(self, watch: GpuFaultWatch) -> None:
+        """On the poller's thread: the metrics' GPU gauges, through the same NVML session."""
+        if self.gpu_reader is not None:
+            self.gpu_reader(watch.backend)
+
+    def _check_nvml_answers(self) -> None:
+        """An NVML call in flight for `nvml_stall_s` is a finding: the GPU (or its driver) is not answering."""
+        stuck = self._poller.stuck_s() if self._poller is not None else None
+        if stuck is None or stuck < self.settings.nvml_stall_s or self.nvml_stuck or self.sup is None:
+            return
+        self.nvml_stuck = (
+            f"NVML has not answered for {stuck:.0f} s: a GPU or its driver is not responding "
+            "(an Xid 79 or a GSP timeout does this); the GPU fault watch waits, the job goes on"
+        )
+        self.sup.message(f"GPU watch: {self.nvml_stuck}")
 
     def cause_of_exit(self, worker_gpus: tuple[int, ...], code: int) -> tuple[int, str] | None:
         """A worker failed on its own: a fatal fault (polled now, so that it is seen before the supervisor tells
@@ -200,72 +272,44 @@ class RuntimeWatch:
 
     def _write_faults(self) -> None:
         record = {"faults": [f.to_dict() for f in self.faults]}
-        _write_json(self.run_dir / "gpu_faults.json", record)
+        write_json(self.run_dir / "gpu_faults.json", record)
 
     # -- hangs ----------------------------------------------------------------------------------------------
     def _on_hang(self, hang: Hang) -> None:
+        """Keep the evidence on a helper thread; end the job when it is kept, or at the deadline whatever it does."""
         sup = self.sup
         assert sup is not None
         self.hang = hang
         sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}")
         pids = {name: w.pid for name, w in sup.workers.items() if w.alive}
         self.worker_gpus = {name: tuple(w.spec.gpus) for name, w in sup.workers.items()}
-        self._evidence = threading.Thread(target=self._collect, args=(hang, pids), name="podguard-hang", daemon=True)
-        self._evidence.start()
+        evidence = HangEvidence(
+            hang, self.evidence_dir, pids, self.worker_gpus, self.settings.slot_gpus,
+            flight=self.flight, job_env=self.job_env,
+        )  # fmt: skip
+        self._evidence = evidence
+        wait_s = evidence_deadline_s(self.settings.hang_end_s, self.settings.tick_s, sup.grace_s)
+        self._deadline = sup.call_later(
+            wait_s, lambda: self._end_hung(hang, evidence.lines() if evidence.done else evidence.unfinished(wait_s))
+        )
+        evidence.start(on_done=lambda lines: self._from_thread(lambda: self._end_hung(hang, lines)))
 
-    def _collect(self, hang: Hang, pids: dict[str, int]) -> None:
-        """On the helper thread: the flight recorder first (its pipe needs the ranks alive), then the stacks."""
-        lines: list[str] = []
-        record: dict[str, Any] = {"hang": hang.to_dict(), "at": time.time()}
-        try:
-            lines, record = self._evidence_of(pids, record)
-        except Exception as exc:  # evidence is best effort: the job is ended whatever happens here
-            lines.append(f"could not keep the evidence: {type(exc).__name__}: {exc}")
-        record["summary"] = lines
-        _write_json(self.evidence_dir / "hang.json", record)
-        self.hang_lines = lines
-        if self.sup is not None:
-            self.sup.call_from_thread(lambda: self._end_hung(hang, lines))
-
-    def _evidence_of(self, pids: dict[str, int], record: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-        """Every rank's stacks first (milliseconds, while everything is as it hung), then torch's flight recorder
-        through its pipe (seconds: torch symbolizes its dump)."""
-        from podguard.launch.watch.flight import trigger_flight_dump
-        from podguard.launch.watch.stacks import capture_stacks, find_rank_processes, hang_summary
-
-        self.evidence_dir.mkdir(parents=True, exist_ok=True)
-        gpus = {name: self.worker_gpus.get(name, ()) for name in pids}
-        targets = [self._with_gpu(t) for t in find_rank_processes(pids, gpus=gpus)]
-        stacks = capture_stacks(targets, self.evidence_dir / "stacks")
-        record["stacks"] = [
-            {
-                "name": s.target.name,
-                "pid": s.target.pid,
-                "rank": s.target.rank,
-                "gpu": s.target.gpu,
-                "path": str(s.path) if s.path else None,
-                "innermost_user_frame": s.innermost_user_frame,
-                "collective": s.collective,
-                "error": s.error,
-                "duration_ms": round(s.duration_ms, 1),
-            }
-            for s in stacks
-        ]
-        lines = list(hang_summary(stacks))
-        dumps = trigger_flight_dump(self.evidence_dir / "flight", environ=self.job_env) if self.flight else []
-        record["flight_recorder"] = [str(p) for p in dumps]
-        if dumps:
-            lines.append(f"flight recorder: {len(dumps)} dump(s) in {self.evidence_dir / 'flight'}")
-        return lines, record
-
-    def _with_gpu(self, target: Any) -> Any:
-        if target.gpu is None and target.local_rank is not None and target.local_rank in self.settings.slot_gpus:
-            return replace(target, gpu=self.settings.slot_gpus[target.local_rank])
-        return target
+    def _from_thread(self, fn: Callable[[], None]) -> None:
+        """The evidence thread's result, onto the loop (once the loop is gone, it is too late: dropped)."""
+        sup = self.sup
+        if sup is not None and not self._hang_ended:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                sup.call_from_thread(fn)
 
     def _end_hung(self, hang: Hang, lines: Sequence[str]) -> None:
+        """On the loop, once: the summary, then 79 (from the evidence thread, or the deadline if it comes first)."""
         sup = self.sup
-        assert sup is not None
+        if sup is None or self._hang_ended:
+            return
+        self._hang_ended = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.hang_lines = list(lines)
         for line in lines:
             sup.message(line)
         who = f" (rank(s) {', '.join(map(str, hang.ranks))})" if hang.ranks else ""
@@ -285,11 +329,17 @@ class RuntimeWatch:
             detail = f"GPU FAULT first: {fault.text}; then {detail}"
             code = ExitCode.GPU_UNHEALTHY
         if self.rates.named:
-            slow = "; ".join(f"{self._rank(s.slot)} {s.text.removeprefix(f'rank {s.slot} ')}" for s in self.rates.named)
-            detail = f"{detail}; stragglers: {slow}"
+            detail = f"{detail}; {self.stragglers_text()}"
         if code == outcome.exit_code and detail == outcome.detail:
             return outcome
         return replace(outcome, exit_code=int(code), detail=detail)
+
+    def stragglers_text(self) -> str:
+        """One short fragment for the END line: 'stragglers: rank 2 (GPU 2) x3 (worst 0.41 of the median)'."""
+        named = sorted(self.rates.named.values(), key=lambda r: r.worst.share)
+        parts = [f"{self._rank(r.slot)} x{r.count} (worst {r.worst.share:.2f} of the median)" for r in named[:3]]
+        more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+        return f"stragglers: {', '.join(parts)}{more}"
 
     def root_cause(self, outcome: JobOutcome) -> str | None:
         """What the job's record names as the root cause: the fatal GPU fault ("GPU 0 Xid 95"), where it ended
@@ -317,10 +367,20 @@ class RuntimeWatch:
             "gpu_faults": [f.to_dict() for f in self.faults],
             "stragglers": [
                 {**s.to_dict(), "rank": self.progress.labels.get(s.slot, s.slot), "local_rank": s.slot}
-                for s in self.rates.named
+                for s in self.rates.named.values()
             ],
             "progressed": self.progress.progressed,
+            "nvml_not_answering": self.nvml_stuck or None,
         }
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A test knob in seconds (documented in docs/watch.md); the default where unset or not a positive number."""
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _pid_alive(pid: int) -> bool:
@@ -336,14 +396,3 @@ def _pid_alive(pid: int) -> bool:
 def _kind_of(fault: GpuFault) -> str:
     """How a non-fatal fault is labelled: an application Xid is the job's own doing; others are only noted."""
     return "application-level" if fault.application else "not fatal to the job"
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Best effort (a full volume must not turn a hang into a traceback)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass

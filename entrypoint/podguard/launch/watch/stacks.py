@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podguard.launch.watch.ranks import StackTarget, find_rank_processes
+from podguard.launch.watch.verdict import COLLECTIVES, collective_of, hang_summary
 from podguard.procfs import PROC, read_stat
 
 __all__ = [
+    "COLLECTIVES",
     "PY_SPY_INSTALL",
     "Frame",
     "RankStacks",
@@ -49,16 +51,9 @@ __all__ = [
 PY_SPY_INSTALL = "pip install 'podguard[stacks]' (or: pip install py-spy)"
 PR_SET_PTRACER = 0x59616D61  # Yama: "this process may be traced by <pid> and its descendants"
 CAP_SYS_PTRACE = 19
+KILL_WAIT_S = 2.0  # after SIGKILL to a py-spy that did not answer: how long to wait for it to go
 _LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/torch/", "/podguard/")
 _STDLIB = re.compile(r"/lib(64)?/python[0-9.]+/")
-COLLECTIVES = frozenset(
-    {
-        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-        "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "reduce",
-        "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
-        "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait", "synchronize",
-    }
-)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,7 +120,9 @@ def allow_tracing_by(pid: int) -> bool:
 
 
 def find_py_spy() -> str | None:
-    """py-spy next to this Python (a virtualenv not on PATH), else on PATH."""
+    """PODGUARD_PY_SPY where set, else py-spy next to this Python (a virtualenv not on PATH), else on PATH."""
+    if chosen := os.environ.get("PODGUARD_PY_SPY"):
+        return chosen
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
@@ -223,8 +220,11 @@ def _finish(run: _Run, deadline: float, timeout_s: float) -> None:
             run.popen.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             run.popen.kill()
-            run.popen.wait()
             run.error = f"py-spy did not answer within {timeout_s:g} s (the process may be in uninterruptible I/O)"
+            try:  # bounded: a py-spy blocked in the kernel (D state) outlives SIGKILL; it is given up, not waited for
+                run.popen.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                run.error += f"; py-spy itself could not be ended (pid {run.popen.pid}, blocked in the kernel)"
     run.ended = time.monotonic()
     _resume_if_stopped(run)
 
@@ -276,22 +276,13 @@ def _main_thread(target: StackTarget, threads: Sequence[ThreadStack]) -> ThreadS
     return main or next((t for t in threads if any(f.is_user for f in t.frames)), None)
 
 
-def _collective(frames: Sequence[Frame], user_index: int | None) -> str | None:
-    """The torch.distributed call below the user's frame (or anywhere, without one), e.g. 'all_reduce'."""
-    inner = frames[:user_index] if user_index is not None else frames
-    for f in reversed(inner):  # outermost first: the call the user made, not torch's internal helpers
-        if f.function in COLLECTIVES and "/torch/" in f.file.replace("\\", "/"):
-            return f.function
-    return None
-
-
 def _where(target: StackTarget, threads: Sequence[ThreadStack]) -> tuple[str | None, str | None]:
     main = _main_thread(target, threads)
     if main is None:
         return None, None
     index = next((i for i, f in enumerate(main.frames) if f.is_user), None)
     user = main.frames[index].where() if index is not None else None
-    return user, _collective(main.frames, index)
+    return user, collective_of(main.frames, index)
 
 
 def render(target: StackTarget, threads: Sequence[ThreadStack]) -> str:
@@ -371,80 +362,3 @@ def capture_stacks(
     for run in runs:
         _finish(run, run.started + timeout_s, timeout_s)
     return [_result(run) for run in runs]
-
-
-# --------------------------------------------------------------------------------------------------
-# summary
-
-
-def _ranks(items: Sequence[RankStacks]) -> str:
-    """'rank 1', 'ranks 0, 2-5' (workers without a rank by name)."""
-    numbers = sorted(s.target.rank for s in items if s.target.rank is not None)
-    parts, i = [], 0
-    while i < len(numbers):
-        j = i
-        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
-            j += 1
-        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
-        i = j + 1
-    names = [s.target.name for s in items if s.target.rank is None]
-    if not numbers:
-        return ", ".join(names)
-    word = "rank" if len(items) == 1 else "ranks"
-    return f"{word} {', '.join(parts + names)}"
-
-
-def _state(s: RankStacks, plural: bool = False) -> str:
-    """'waits in all_reduce at train.py:57 in step' / 'is at data.py:12 in load_batch' (plural: wait / are)."""
-    where = s.innermost_user_frame or "no frame of the user's code"
-    if s.collective:
-        return f"{'wait' if plural else 'waits'} in {s.collective} at {where}"
-    return f"{'are' if plural else 'is'} at {where}"
-
-
-def _rank_line(s: RankStacks) -> str:
-    if s.error:
-        return f"{s.target.label}: no stacks: {s.error}"
-    where = s.innermost_user_frame or "(no frame of the user's code)"
-    return f"{s.target.label}: {where}" + (f" (in {s.collective})" if s.collective else "")
-
-
-def _group(items: Sequence[RankStacks]) -> str:
-    return f"{_ranks(items)} {_state(items[0], plural=len(items) > 1)}"
-
-
-def _verdict(good: Sequence[RankStacks]) -> str | None:
-    """Which ranks differ from the rest, and the likely stuck one."""
-    if len(good) < 2:
-        return None
-    groups: dict[str, list[RankStacks]] = {}
-    for s in good:
-        groups.setdefault(_state(s), []).append(s)
-    ordered = sorted(groups.values(), key=len, reverse=True)
-    if len(ordered) == 1:
-        return f"all {len(good)} ranks {_state(good[0], plural=True)}: none differs (the stuck one may be elsewhere)"
-    waiting = [g for g in ordered if g[0].collective]
-    outside = [g for g in ordered if not g[0].collective]
-    if waiting and outside:  # a collective waits for the ranks that never reached it
-        stuck = sum(len(g) for g in outside)
-        who = "is the likely stuck rank" if stuck == 1 else "are the likely stuck ranks"
-        return "; ".join(_group(g) for g in waiting + outside) + f": {_ranks([s for g in outside for s in g])} {who}"
-    if len(ordered[0]) * 2 <= len(good):
-        return "the ranks are at different places: " + "; ".join(_group(g) for g in ordered)
-    differ = [s for g in ordered[1:] for s in g]
-    verb = "differs" if len(differ) == 1 else "differ"
-    return "; ".join(_group(g) for g in ordered) + f": {_ranks(differ)} {verb} from the rest"
-
-
-def hang_summary(stacks: Sequence[RankStacks]) -> list[str]:
-    """One line per rank ('rank N (GPU i): <innermost frame of the user's code>'), then which ranks differ
-    from the rest and the likely stuck one; missing stacks say why."""
-    lines = [_rank_line(s) for s in stacks]
-    good = [s for s in stacks if not s.error]
-    verdict = _verdict(good)
-    if verdict:
-        lines.append(verdict)
-    errors = {s.error for s in stacks if s.error}
-    if stacks and not good and len(errors) == 1:
-        lines.append(f"no stacks were taken: {next(iter(errors))}")
-    return lines

@@ -7,7 +7,9 @@
 A rank's rate is measured over its last 20 steps or 5 minutes, whichever is shorter (PRODUCT.md); it is slow
 when its rate is below `ratio` x the median of its peers' rates (the other ranks with a rate)
 at `PERSIST` consecutive checks: one slow interval (a checkpoint, an eval) is not a straggler. A rank is
-named once each time it becomes slow. Note: in lockstep data-parallel training every rank waits for the slowest
+warned about each time it becomes slow, and recorded once (`named`: one SlowRank per rank, with how many times
+it became slow and its worst episode), so the record stays small however long a rank wobbles. Note: in lockstep
+data-parallel training every rank waits for the slowest
 at each collective, so their step rates are equal; the rates differ where ranks are not in lockstep
 (pipeline stages, independent workers, asynchronous data loaders) — docs/watch.md.
 """
@@ -18,7 +20,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["PERSIST", "WINDOW_S", "WINDOW_STEPS", "StepRates", "Straggler"]
+__all__ = ["PERSIST", "WINDOW_S", "WINDOW_STEPS", "SlowRank", "StepRates", "Straggler"]
 
 WINDOW_STEPS = 20
 WINDOW_S = 300.0
@@ -43,6 +45,23 @@ class Straggler:
     def to_dict(self) -> dict[str, object]:
         return {"rank": self.slot, "rate": self.rate, "median": self.median, "ratio": self.ratio, "text": self.text}
 
+    @property
+    def share(self) -> float:
+        """Its rate as a fraction of the peers' median (0.5: half as fast)."""
+        return self.rate / self.median if self.median > 0 else 0.0
+
+
+@dataclass
+class SlowRank:
+    """One rank's straggler record: how many times it became slow, and its worst episode (lowest share)."""
+
+    slot: int
+    count: int
+    worst: Straggler
+
+    def to_dict(self) -> dict[str, object]:
+        return {**self.worst.to_dict(), "times": self.count, "worst_share": round(self.worst.share, 3)}
+
 
 class StepRates:
     """Per-rank step history and the straggler rule (see the module docstring). `ratio` 0 turns it off."""
@@ -52,7 +71,7 @@ class StepRates:
         self._history: dict[int, deque[tuple[float, int]]] = {}
         self._streak: dict[int, int] = {}
         self.slow: dict[int, Straggler] = {}  # ranks slow now (named once)
-        self.named: list[Straggler] = []  # every time a rank was named slow (the run's summary)
+        self.named: dict[int, SlowRank] = {}  # each rank ever named slow, once (the run's summary and record)
 
     def observe(self, slot: int, step: int, at: float) -> None:
         history = self._history.setdefault(slot, deque(maxlen=4 * WINDOW_STEPS))
@@ -98,9 +117,24 @@ class StepRates:
                 self.slow.pop(slot, None)
                 continue
             self._streak[slot] = self._streak.get(slot, 0) + 1
-            if self._streak[slot] >= PERSIST and slot not in self.slow:
+            if slot in self.slow:  # still slow: its record keeps the worst share of the episode
+                self._worse(Straggler(slot, rate, median, self.ratio))
+            elif self._streak[slot] >= PERSIST:
                 found = Straggler(slot, rate, median, self.ratio)
                 self.slow[slot] = found
-                self.named.append(found)
+                self._record(found)
                 fresh.append(found)
         return fresh
+
+    def _record(self, found: Straggler) -> None:
+        known = self.named.get(found.slot)
+        if known is None:
+            self.named[found.slot] = SlowRank(found.slot, 1, found)
+            return
+        known.count += 1
+        self._worse(found)
+
+    def _worse(self, found: Straggler) -> None:
+        known = self.named[found.slot]
+        if found.share < known.worst.share:
+            known.worst = found

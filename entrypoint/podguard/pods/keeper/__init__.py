@@ -4,6 +4,9 @@
     decide.py   what to do from the status and the cues: wait, start, replace, finish (pure)
     target.py   a pod or a cluster behind one interface, on the pod/cluster layers `pod up`/`heal` use
     loop.py     the loop: one status request per poll, one log stream per node, each step recorded first
+    recovery.py starts and replacements (the name looked up before any create: adopted, never duplicated)
+    ending.py   the end: the decision recorded first, "done" only once the stop is confirmed
+    twins.py    several pods (clusters) of one name: which one stays
     record.py   the state file (resumable), the event record, one keeper per name
     events.py   a terminal line, a record and a webhook per event
     notify.py   `--notify`: Slack/Discord-compatible JSON posts, never the key

@@ -5,6 +5,10 @@
 Everything that can be checked is checked before the first request (64 naming the value). `--deploy` makes
 the keeper pod and returns; otherwise the keeper runs here until the job is over and its exit code is the
 command's (0 success, 124 guard, the job's own code, 69 a replacement would lose data, 75 gave up).
+
+Inside a keeper pod (PODGUARD_KEEPER_OF set) an error that no retry fixes, at start-up too (a bad
+PODGUARD_POLL, an unfilled secret, a bad spec: 64; a refused key: 77), stops the keeper's own pod, or parks
+when not even that works: RunPod restarts a container that exits, so exiting would be a crash loop.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ __all__ = ["KeepRequest", "keep"]
 @dataclass(frozen=True)
 class KeepRequest:
     spec_file: Path | None
-    poll: float
-    max_recoveries: int
+    poll: float | str  # as given (a flag or PODGUARD_POLL): checked by keep_options
+    max_recoveries: int | str
     notify: str | None
     deploy: bool
     key_secret: str | None
@@ -57,15 +61,51 @@ def _spec(request: KeepRequest) -> tuple[PodSpec, bytes]:
     return found
 
 
-def keep(request: KeepRequest, open_client: Callable[[PodSpec], PodApi]) -> int:
+def keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi]) -> int:
     """Check everything, then deploy the keeper pod or keep the job alive from here; the exit code."""
     from podguard.pods.keeper.deploy import ENV_KEEPER_OF
-    from podguard.pods.keeper.notify import check_notify_url
+
+    if request.deploy or not os.environ.get(ENV_KEEPER_OF, "").strip():
+        return _keep(request, open_client)
+    try:  # inside a keeper pod
+        return _keep(request, open_client)
+    except PodguardError as exc:
+        if exc.code != ExitCode.GPUS_BUSY:  # 75 may pass when RunPod restarts the container; the rest do not
+            _cannot_go_on(exc, open_client)
+        raise
+
+
+def _cannot_go_on(exc: PodguardError, open_client: Callable[[PodSpec | None], PodApi]) -> None:
+    """Inside a keeper pod: stop it (its logs keep the reason), else park; never a crash loop."""
+    from podguard.pods.keeper.deploy import end_own_pod
+    from podguard.pods.keeper.options import KNOBS, KeepOptions
+
+    _say(f"error: {exc.message} (exit {int(exc.code)})")
+    try:
+        stopped = end_own_pod(open_client(None), _say, failed=exc.message)
+    except PodguardError:
+        stopped = False  # no client (a missing or unfilled key): nothing can stop it
+    raw = os.environ.get(KNOBS["park_s"], "").strip()
+    try:
+        park_s = float(raw) if raw else KeepOptions.park_s
+    except ValueError:
+        park_s = KeepOptions.park_s
+    _park(exc, stopped=stopped, wait_s=park_s if park_s > 0 else KeepOptions.park_s)
+
+
+def _keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi]) -> int:
+    from podguard.pods.keeper.deploy import ENV_KEEPER_OF
+    from podguard.pods.keeper.notify import check_notify_url, is_secret_reference
     from podguard.pods.keeper.options import check_key_secret, keep_options
 
     options = keep_options(poll=request.poll, max_recoveries=request.max_recoveries)
     if request.key_secret is not None and not request.deploy:
         raise UsageError(f"--key-secret {request.key_secret!r} applies only with --deploy (the keeper pod's key)")
+    if request.notify is not None and is_secret_reference(request.notify) and os.environ.get(ENV_KEEPER_OF):
+        raise UsageError(
+            f"--notify (PODGUARD_NOTIFY) is still {request.notify.strip()!r}: RunPod did not fill in that secret; "
+            "create it, then `podguard pod keep --deploy` again"
+        )
     notify = check_notify_url(request.notify, deployed=request.deploy) if request.notify is not None else None
     if notify is not None and not request.deploy and notify.startswith("{{"):
         raise UsageError("--notify: a RunPod secret reference only works inside a keeper pod (--deploy)")
@@ -77,7 +117,7 @@ def keep(request: KeepRequest, open_client: Callable[[PodSpec], PodApi]) -> int:
         if inside:
             raise UsageError("--deploy inside a keeper pod: this pod is already the keeper")
         secret = check_key_secret(request.key_secret or "runpod_api_key")
-        return _deploy(request, spec, spec_text, secret, open_client(spec))
+        return _deploy(request, options, spec, spec_text, secret, open_client(spec))
     return _keep_here(request, spec, options, notify, open_client, deployed=bool(inside))
 
 
@@ -90,7 +130,9 @@ def _say(text: str) -> None:
     print(f"podguard: {text}", file=sys.stderr, flush=True)
 
 
-def _deploy(request: KeepRequest, spec: PodSpec, spec_text: bytes, secret: str, client: PodApi) -> int:
+def _deploy(
+    request: KeepRequest, options: KeepOptions, spec: PodSpec, spec_text: bytes, secret: str, client: PodApi
+) -> int:
     from podguard.pods.keeper.deploy import deploy_keeper, keeper_spec
     from podguard.pods.keeper.record import KeepStore
 
@@ -101,8 +143,8 @@ def _deploy(request: KeepRequest, spec: PodSpec, spec_text: bytes, secret: str, 
         spec,
         spec_text,
         key_secret=secret,
-        poll=request.poll,
-        max_recoveries=request.max_recoveries,
+        poll=options.poll_s,
+        max_recoveries=options.max_recoveries,
         notify=request.notify,
     )
     pod, action = deploy_keeper(client, keeper, say=_say)
@@ -124,7 +166,7 @@ def _keep_here(
     spec: PodSpec,
     options: KeepOptions,
     notify: str | None,
-    open_client: Callable[[PodSpec], PodApi],
+    open_client: Callable[[PodSpec | None], PodApi],
     *,
     deployed: bool,
 ) -> int:
@@ -136,12 +178,7 @@ def _keep_here(
     from podguard.pods.keeper.record import KeepStore
     from podguard.pods.placement import pods_named
 
-    try:
-        client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
-    except PodguardError as exc:
-        if deployed:  # an unfilled secret reference: nothing here can reach the API, not even to stop this pod
-            _park(exc, stopped=False, wait_s=options.park_s)
-        raise
+    client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
     scrub = load_api_key().scrub
     store = KeepStore.open(spec.name)
     if not store.lock():
@@ -151,7 +188,7 @@ def _keep_here(
             + (f" (pid {pid})" if pid else "")
             + "; one keeper per pod"
         )
-    notifier = Notifier(notify, scrub=scrub, warn=_say) if notify else None
+    notifier = Notifier(notify, scrub=scrub, warn=_say, deadline_s=options.notify_s) if notify else None
     events = Events(spec.name, store, notifier=notifier, scrub=scrub)
     try:
         saved = store.load()
@@ -171,10 +208,8 @@ def _keep_here(
         try:
             result = Keeper(target, store, options, events, spec=spec).run()
         except PodguardError as exc:
-            if deployed and exc.code != ExitCode.GPUS_BUSY:  # 75 may pass on a retry; the rest do not: no crash loop
-                events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")
-                stopped = end_own_pod(client, events.note, failed=exc.message)
-                _park(exc, stopped=stopped, wait_s=options.park_s)
+            if deployed and exc.code != ExitCode.GPUS_BUSY:
+                events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")  # keep() stops this pod
             raise
         _summary(request, spec, result, store)
         if deployed and result.outcome != "interrupted":

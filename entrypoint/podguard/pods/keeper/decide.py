@@ -7,10 +7,13 @@
 
 The contract (PRODUCT.md, "Keeping a job alive from outside"): an outcome in the lines is respected (success,
 a billing guard, the job's own failure); otherwise what broke is recovered: EXITED -> start; ERROR, gone, a
-node lost, RUNNING without a runtime and silent for the silence window, a preflight that did not pass on
-SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A cluster is never started, only
-replaced whole. Decisions taken from the status alone are marked `settle`: the caller first reads what is still
-in flight on the log stream (an END line printed just before the pod stopped), then decides again.
+node lost, a pod seen running its container that is now without a runtime and silent for the silence window, a
+pod that never got its container within `[ready] timeout_s` (a slow image pull is not a lost host), a pod that
+RunPod started with fewer GPUs than the spec (a resumed pod may come back with none: its preflight ends 69), a
+preflight that did not pass on SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A cluster
+is never started, only replaced whole. Decisions taken from the status alone are marked `settle`: the caller
+first reads what is still in flight on the log stream (an END line printed just before the pod stopped), then
+decides again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class NodeView:
     streak: int = 0  # preflight verdicts other than PASS in a row
     passed: bool = False  # the newest verdict was PASS
     gpu_fault: bool = False  # an END gpu-fault: the machine failed the job
+    ran: bool = False  # seen running its container (a runtime, or a line) since the last start
+    short: bool = False  # the preflight found fewer GPUs than it needs (END preflight exit 69): the host's
 
 
 @dataclass
@@ -97,6 +102,9 @@ class JobView:
             node.gpu_fault = True
             return f"a GPU fault ended the job (exit {code}): the machine, not the job"
         if kind == "preflight":
+            if code == ExitCode.GPUS_MISSING:  # RunPod started it with fewer GPUs than the spec: the host's problem
+                node.short = True
+                return f"the preflight found fewer GPUs than the job needs (exit {code}): the host, not the job"
             if code == ExitCode.USAGE:  # the pod's own configuration is refused: no machine would run it
                 self._set(Outcome.FAILED, code, line)
                 return f"the pod refuses its own configuration (exit {code})"
@@ -119,7 +127,7 @@ class JobView:
         self.outcome, self.code, self.detail = None, 0, ""
         self.ended.clear()
         for node in self.nodes.values():
-            node.gpu_fault = False
+            node.gpu_fault = node.short = node.ran = False
             node.passed = False
             if replaced:
                 node.streak = 0
@@ -129,6 +137,7 @@ class JobView:
 class NodeState:
     status: PodStatus | None  # None: the node's pod is gone
     has_runtime: bool | None = None  # None: not known (not listed this time)
+    gpus: tuple[int, int] | None = None  # (GPUs it has, GPUs the spec asks) when RunPod gave it fewer
 
 
 @dataclass(frozen=True)
@@ -155,9 +164,17 @@ _MEANT_TO_RUN = (PodStatus.RUNNING, PodStatus.STARTING, PodStatus.PROVISIONING)
 
 
 def decide(
-    observed: Observed, view: JobView, *, now: float, quiet_since: Mapping[int, float], silence_s: float
+    observed: Observed,
+    view: JobView,
+    *,
+    now: float,
+    quiet_since: Mapping[int, float],
+    silence_s: float,
+    booting_since: float | None = None,
+    ready_s: float = float("inf"),
 ) -> Decision:
-    """The next step (see the module docstring); `quiet_since` is each node's last log line (monotonic)."""
+    """The next step (see the module docstring); `quiet_since` is each node's last log line (monotonic);
+    `booting_since` when the current start (or create) was made, `ready_s` the spec's `[ready] timeout_s`."""
     if view.outcome is not None:
         peers = _lost_peers(observed, view) if view.outcome is Outcome.FAILED and observed.cluster else []
         if peers:  # a node failed because a peer's host went (NCCL errors within seconds; the host shows later)
@@ -170,6 +187,9 @@ def decide(
     faulted = sorted(r for r, n in view.nodes.items() if n.gpu_fault)
     if faulted:
         return Decision(Act.REPLACE, f"a GPU fault ended the job on {_named(faulted, observed)}")
+    short = _short(observed, view)
+    if short:
+        return Decision(Act.REPLACE, short)
     sick = sorted(r for r, n in view.nodes.items() if n.streak >= SICK_STARTS)
     if sick:
         return Decision(
@@ -195,7 +215,10 @@ def decide(
     silent = sorted(
         rank
         for rank, node in observed.nodes.items()
-        if node.status in _MEANT_TO_RUN and node.has_runtime is False and now - quiet_since.get(rank, now) >= silence_s
+        if node.status in _MEANT_TO_RUN
+        and node.has_runtime is False
+        and view.node(rank).ran
+        and now - quiet_since.get(rank, now) >= silence_s
     )
     if silent:
         return Decision(
@@ -203,7 +226,45 @@ def decide(
             f"RUNNING with no runtime and no log line for {format_duration(silence_s)} on "
             f"{_named(silent, observed)} (its host is lost)",
         )
+    if booting_since is not None and now - booting_since >= ready_s:
+        late = _not_started(observed, view)
+        if late:
+            return Decision(
+                Act.REPLACE,
+                f"{_named(sorted(late), observed)} did not start within {format_duration(ready_s)} ([ready] "
+                f"timeout_s): {'; '.join(late.values())}",
+            )
     return Decision(Act.WAIT)
+
+
+def _not_started(observed: Observed, view: JobView) -> dict[int, str]:
+    """The nodes meant to run that never ran their container since the last start, with their status in words."""
+    late: dict[int, str] = {}
+    for rank, node in observed.nodes.items():
+        if node.status not in _MEANT_TO_RUN or view.node(rank).ran or node.has_runtime:
+            continue
+        if node.status is PodStatus.RUNNING and node.has_runtime is None:
+            continue  # not known (a cluster's members are listed only now and then)
+        late[rank] = f"still {node.status}" if node.status is not PodStatus.RUNNING else "RUNNING with no container"
+    if not observed.nodes and observed.status in (PodStatus.PROVISIONING, PodStatus.STARTING):
+        late[0] = f"still {observed.status}"  # a cluster whose members were never listed
+    return late
+
+
+def _short(observed: Observed, view: JobView) -> str:
+    """A node RunPod started with fewer GPUs than the spec, from the API or from its preflight's exit 69."""
+    for rank, node in sorted(observed.nodes.items()):
+        if node.gpus is not None and node.status is PodStatus.RUNNING:
+            have, want = node.gpus
+            return (
+                f"RunPod started {_named([rank], observed)} with {have} of its {want} GPU(s) (a resumed pod can come "
+                "back without GPUs when its host has none free): the host, not the job"
+            )
+    short = sorted(r for r, n in view.nodes.items() if n.short)
+    if short:
+        where = _named(short, observed)
+        return f"the preflight found fewer GPUs than the spec on {where} (exit 69): the host, not the job"
+    return ""
 
 
 def _lost_peers(observed: Observed, view: JobView) -> list[int]:

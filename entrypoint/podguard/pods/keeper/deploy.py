@@ -2,7 +2,8 @@
 
     pod, action = deploy_keeper(api, spec, spec_text, key_secret="runpod_api_key", poll=30, ...)
     kept_by(api, "llm-train")           # "llm-train-keeper" (a keeper pod), "pid 4242 on this machine", or None
-    end_keepers(api, "llm-train", say)  # `pod down` ends the keepers first, so none of them replaces the pod
+    end_keepers(api, "llm-train", say)  # `pod down`/`pod stop` end the keepers first (also with no pod of the name)
+    say_unkept(api, "llm-train", say)   # `pod start` of a pod whose keeper `pod stop` ended: how to keep it again
 
 The keeper pod is `<name>-keeper`: the spec's image, a CPU pod, args `pod keep`, idempotent by its name (it is
 made with `pod up`'s own code). What it needs travels in its environment:
@@ -27,7 +28,7 @@ from podguard.errors import PodguardError, UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.auth import ENV_BASE_URL
-from podguard.pods.keeper.record import KeepStore
+from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.model import CpuInfo, Pod, PodAction
 from podguard.pods.placement import pods_named
 from podguard.pods.spec import PodSpec
@@ -42,6 +43,7 @@ __all__ = [
     "keeper_name",
     "keeper_spec",
     "kept_by",
+    "say_unkept",
     "spec_from_env",
 ]
 
@@ -149,38 +151,68 @@ def _local_keeper(name: str) -> int | None:
         return None
 
 
-def end_keepers(api: PodApi, name: str, say: Callable[[str], None], *, wait_s: float = 10.0) -> None:
-    """`pod down NAME`: end a keeper on this machine (SIGTERM) and terminate keeper pods, before NAME goes."""
+def end_keepers(
+    api: PodApi, name: str, say: Callable[[str], None], *, outcome: str = "down", wait_s: float = 10.0
+) -> bool:
+    """`pod down NAME` / `pod stop NAME`: end a keeper on this machine (SIGTERM, through its lock) and terminate
+    keeper pods, before NAME is touched, also when no pod of the name exists (a keeper waiting for capacity
+    would make it later). The local state is marked done (`outcome`), so that nothing brings NAME back. True when
+    a keeper was ended."""
+    ended = False
     pid = _local_keeper(name)
     if pid:
         try:
             os.kill(pid, signal.SIGTERM)
             say(f"ending the keeper of {name} on this machine (pid {pid}) first")
+            ended = True
         except ProcessLookupError:
             pid = None
         deadline = time.monotonic() + wait_s
         while pid and _local_keeper(name) and time.monotonic() < deadline:
             time.sleep(0.05)
-    for pod in pods_named(api, keeper_name(name)):
+    keeper_pods = pods_named(api, keeper_name(name))
+    for pod in keeper_pods:
         say(f"ending the keeper pod {pod.name} ({pod.id}) first")
         act_on(api, pod, PodAction.TERMINATE)
-    _mark_down(name)
+        ended = True
+    _mark_done(name, outcome, keeper_pods[0].name if keeper_pods else "")
+    if ended and outcome == "stopped":
+        say(
+            f"{name} is no longer kept: nothing starts it again; `podguard pod keep --spec FILE` (or `--deploy`) "
+            "keeps it again"
+        )
+    return ended
 
 
-def _mark_down(name: str) -> None:
-    """A keep started again later must not bring back what `pod down` removed."""
+def _mark_done(name: str, outcome: str, keeper_pod: str) -> None:
+    """A keep started again later must not bring back what `pod down`/`pod stop` ended; `pod start` reads it."""
     try:
         store = KeepStore.open(name)
         state = store.load()
+        if state is None and keeper_pod:  # kept from a keeper pod: its state was there, remember the stop here
+            state = KeepState(name=name, kind="pod", keeper_pod=keeper_pod)
+        if state is None or state.done:
+            return
+        state.phase, state.outcome = "done", outcome
+        store.save(state)
     except (PodguardError, OSError):
         return
-    if state is not None and not state.done:
-        state.phase, state.outcome = "done", "down"
-        try:
-            store.save(state)
-        except OSError:
-            return
-        store.event("down", f"`podguard pod down {name}` took it down: the keeper ended")
+    verb = "took it down" if outcome == "down" else "stopped it"
+    store.event(outcome, f"`podguard pod {'down' if outcome == 'down' else 'stop'} {name}` {verb}: the keeper ended")
+
+
+def say_unkept(api: PodApi, name: str, say: Callable[[str], None]) -> None:
+    """`pod start NAME` of a pod whose keeper `pod stop` ended: say that nothing keeps it now, and how to."""
+    try:
+        state = KeepStore.open(name).load()
+    except (PodguardError, OSError):
+        return
+    if state is None or state.outcome != "stopped" or kept_by(api, name):
+        return
+    say(
+        f"note: {name} was kept until `pod stop` ended its keeper; nothing keeps it now (a stop, ERROR or a lost host "
+        f"is not recovered): `podguard pod keep --spec FILE` (or `--deploy`) keeps it again"
+    )
 
 
 def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None = None) -> bool:

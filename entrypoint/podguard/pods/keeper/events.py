@@ -19,7 +19,9 @@ from podguard.pods.keeper.record import KeepStore
 from podguard.pods.progress import Progress
 from podguard.redact import redact_text
 
-__all__ = ["Events"]
+__all__ = ["FINAL", "Events"]
+
+FINAL = ("end", "gave-up", "refused")  # the last word: posted at once, and waited for first on close
 
 
 class Events:
@@ -47,7 +49,7 @@ class Events:
             kind, text, **{k: self._scrub(v) if isinstance(v, str) else v for k, v in fields.items()}
         )
         if notify and self.notifier is not None:
-            self.notifier.send(f"podguard {line}")
+            self.notifier.send(f"podguard {line}", final=kind in FINAL)
         return entry
 
     def note(self, text: str) -> None:

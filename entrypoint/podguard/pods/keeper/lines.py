@@ -6,7 +6,7 @@
 Four lines count, each defined where the pod prints it (formats kept stable in PRODUCT.md):
 - the preflight summary's first line, `podguard <train|run>: <PASS|BUSY|UNHEALTHY|FAIL> ...` (report.py);
 - the END line, exactly one per `train`/`run` when the outcome is known,
-  `podguard <train|run>: END <kind> exit <code> after <n> attempt(s)[: detail]` (job/final.py);
+  `podguard <train|run>: END <kind> exit <code> after <n> attempt(s)[: detail]` (outcome_lines.py);
 - a RESTART line, `podguard <train|run>: RESTART <n> of <N> in <s> s after ...`: an in-pod relaunch, not the end;
 - the billing guard's line, `podguard: billing guard --idle-stop|--max-runtime|--max-cost: ...` (guards/watch.py),
   printed when a guard fires, before the job is ended and the pod stopped.
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from podguard.job.final import END_LINE, KINDS
+from podguard.outcome_lines import END_LINE, KINDS
 
 __all__ = ["Cue", "CueKind", "read_line"]
 
@@ -31,7 +31,7 @@ _GUARD = re.compile(r"^podguard: billing guard (?P<guard>--idle-stop|--max-runti
 
 class CueKind(StrEnum):
     VERDICT = "verdict"  # word: PASS | BUSY | UNHEALTHY | FAIL
-    END = "end"  # word: one of job/final.py's KINDS; code: the exit code
+    END = "end"  # word: one of outcome_lines.KINDS; code: the exit code
     RESTART = "restart"  # word: "<n> of <N>"
     GUARD = "guard"  # word: the guard's option
 

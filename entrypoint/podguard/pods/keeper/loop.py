@@ -5,8 +5,9 @@
 Each poll reads the status once; between polls the loop waits on the log streams, so a decisive line (an END
 line, a verdict, the guard line) is acted on as it arrives. decide.py says what to do; this module does it,
 records each step in the state file *before* it is requested (a keeper killed mid-step resumes it, never
-repeats it), and tells each event (events.py). Transient API failures that outlast `--retry-for` do not end an
-overnight keeper: it says so once and tries again at the next poll. See docs/running-pods.md.
+repeats it), and tells each event (events.py); recovery.py starts and replaces, ending.py stops and ends (`done`
+only once the stop is confirmed). Transient API failures that outlast `--retry-for` do not end an overnight
+keeper: it says so once and tries again at the next poll. See docs/running-pods.md.
 """
 
 from __future__ import annotations
@@ -14,35 +15,25 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
 
-from podguard.errors import ExitCode
+from podguard.outcome_lines import Checkpoint, newest_checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Act, Decision, JobView, Observed, Outcome, decide
+from podguard.pods.keeper.ending import TRANSIENT, KeepResult
 from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.interrupt import Interrupted, signals_raise
-from podguard.pods.keeper.lines import read_line
+from podguard.pods.keeper.lines import CueKind, read_line
 from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.record import KeepState, KeepStore
+from podguard.pods.keeper.recovery import FAST_WINDOW_S, Recovering
 from podguard.pods.keeper.target import Target
 from podguard.pods.model import LogEvent, PodStatus
 from podguard.pods.spec import PodSpec
 
 __all__ = ["KeepOptions", "KeepResult", "Keeper"]
 
-_TRANSIENT = (ApiErrorKind.TRANSIENT, ApiErrorKind.RATE_LIMITED)
-FAST_WINDOW_S = 1800.0  # after `pod up` or a recovery: the faster polls last until it runs, at most this long
 
-
-@dataclass(frozen=True)
-class KeepResult:
-    code: int
-    outcome: str  # success | guard | failed | gave-up | refused | interrupted
-    message: str
-    state: KeepState
-
-
-class Keeper:
+class Keeper(Recovering):
     def __init__(
         self, target: Target, store: KeepStore, options: KeepOptions, events: Events, *, spec: PodSpec
     ) -> None:
@@ -55,6 +46,8 @@ class Keeper:
         self._capacity_tries = 0
         self._outage = False
         self._fast_until = 0.0  # after a recovery: poll at most recovery_poll_s apart until the pod runs
+        self._booting_since = time.monotonic()  # the current start (create): `[ready] timeout_s` counts from it
+        self.checkpoint: Checkpoint | None = None  # the newest checkpoint an END/RESTART line named
 
     # -- the whole run -------------------------------------------------------------------------------------
     def run(self) -> KeepResult:
@@ -76,15 +69,19 @@ class Keeper:
     def _begin(self) -> KeepResult | None:
         """Resume what the state file says is kept, else do what `pod up` does (without its wait)."""
         self._fast_until = time.monotonic() + FAST_WINDOW_S  # until it runs, poll as `pod up` does
+        self._booting_since = time.monotonic()
         saved = self.store.load()
         if saved is not None and not saved.done and saved.kind == self.target.kind:
             self.state = saved
             self.state.pid = os.getpid()
+            self.store.save(self.state)  # `pod down` reads the live keeper's pid from here
             self._restore_view()
             self.events.say(
                 "resume",
                 f"resuming (recoveries so far: {self.state.recoveries} of at most {self.options.max_recoveries})",
             )
+            if self.state.phase == "ending":  # the job was over; its stop was not confirmed: make it now
+                return self._complete_ending()
             if self.state.phase == "replacing":
                 self._finish_replacement(resumed=True)
             elif self.target.adopt():
@@ -117,7 +114,16 @@ class Keeper:
                     return self._recover(Decision(Act.REPLACE, reason))
                 self._wait_for_capacity(exc)
         self._capacity_tries = 0
-        self.events.say("up", f"{self.target.describe()}: {action} (as `pod up` does)", target=self.target.target_id)
+        mine = self.target.settle_twins() if action == "created" else ""
+        if mine:
+            action = (
+                f"created, but another of the name was made at the same moment: the older is kept, {mine} terminated"
+            )
+        adopted = action in ("reused", "started") or bool(mine)
+        text = f"{self.target.describe()}: {action} (as `pod up` does)"
+        if adopted:
+            text += ": it existed already (whoever made it), adopted, not duplicated"
+        self.events.say("up", text, notify=adopted, target=self.target.target_id)
         self._remember_target()
         return None
 
@@ -161,11 +167,13 @@ class Keeper:
         return self.options.poll_s
 
     def _poll_and_act(self) -> KeepResult | None:
+        if self.state.phase == "ending":  # the job is over; the stop did not go through yet: try it again
+            return self._complete_ending()
         if self.state.phase == "replacing":  # a replacement that an API outage interrupted: finish it first
             try:
                 self._finish_replacement(resumed=True)
             except ApiError as exc:
-                if exc.kind not in _TRANSIENT:
+                if exc.kind not in TRANSIENT:
                     raise
                 self._api_outage(exc)
                 return None
@@ -173,17 +181,17 @@ class Keeper:
         try:
             observed = self._observe(silent)
         except ApiError as exc:
-            if exc.kind not in _TRANSIENT:
+            if exc.kind not in TRANSIENT:
                 raise
             self._api_outage(exc)
             return None
-        if self._outage:
-            self._outage = False
-            self.events.say("api", "the API answers again")
+        self._api_back()
         self.observed = observed
         now = time.monotonic()
-        for rank in observed.nodes:
+        for rank, node in observed.nodes.items():
             self.quiet_since.setdefault(rank, now)
+            if node.status is PodStatus.RUNNING and node.has_runtime:
+                self.view.node(rank).ran = True
         self._show(observed)
         self.store.save(self.state)
         decision = self._decide()
@@ -204,6 +212,8 @@ class Keeper:
             now=time.monotonic(),
             quiet_since=self.quiet_since,
             silence_s=self.options.silence_s,
+            booting_since=self._booting_since,
+            ready_s=self.spec.ready_timeout_s,
         )
 
     def _drain(self, seconds: float, *, to_the_end: bool = False) -> None:
@@ -223,12 +233,15 @@ class Keeper:
     def _take(self, rank: int, event: LogEvent) -> bool:
         """One log line of node `rank`: remember where the stream is; True when it was a decisive line."""
         self.quiet_since[rank] = time.monotonic()
+        self.view.node(rank).ran = True  # a line: its container runs
         mark = self.state.nodes.get(str(rank))
         if mark is not None and event.id:
             mark.last_event_id = event.id
         cue = read_line(event.line)
         if cue is None:
             return False
+        if cue.kind in (CueKind.END, CueKind.RESTART):
+            self.checkpoint = newest_checkpoint(cue.line) or self.checkpoint
         text = self.view.take(rank, cue)
         self.state.streaks = {str(r): n.streak for r, n in self.view.nodes.items()}
         if text is not None:
@@ -252,6 +265,11 @@ class Keeper:
             self._outage = True
             self.events.say("api", f"the API does not answer ({exc.message}); trying again every poll")
 
+    def _api_back(self) -> None:
+        if self._outage:
+            self._outage = False
+            self.events.say("api", "the API answers again")
+
     def _show(self, observed: Observed) -> None:
         status = "gone" if observed.status is None else str(observed.status)
         job = "job running" if any(n.passed for n in self.view.nodes.values()) else "waiting for the preflight"
@@ -265,7 +283,7 @@ class Keeper:
 
     # -- acting --------------------------------------------------------------------------------------------
     def _act(self, decision: Decision) -> KeepResult | None:
-        if decision.act is Act.WAIT:
+        if decision.act is Act.WAIT or self.state.phase == "ending":
             return None
         if decision.act is Act.FINISH and decision.reason == Outcome.FAILED and self.target.kind == "cluster":
             # the other nodes' END lines still in flight first (a node that ended with the job is no lost peer),
@@ -274,173 +292,17 @@ class Keeper:
             try:
                 self.observed = self.target.poll(self.state, set(), members=True)
             except ApiError as exc:
-                if exc.kind not in _TRANSIENT:
+                if exc.kind not in TRANSIENT:
                     raise
                 self._api_outage(exc)
                 return None  # decided again at the next poll, with the outcome still in view
             decision = self._decide()
         if decision.act is Act.FINISH:
-            return self._finish(Outcome(decision.reason))
+            return self._finish(Outcome(decision.reason))  # a stop that fails for a moment: None, tried next poll
         try:
             return self._recover(decision)
         except ApiError as exc:
-            if exc.kind not in _TRANSIENT:
+            if exc.kind not in TRANSIENT:
                 raise
             self._api_outage(exc)
             return None
-
-    def _recover(self, decision: Decision) -> KeepResult | None:
-        if decision.act is Act.REPLACE and not self._can_replace():
-            return self._refuse(decision.reason)
-        if self.state.recoveries >= self.options.max_recoveries:
-            return self._give_up(decision.reason)
-        self.state.recoveries += 1
-        self._incident = time.time()
-        number = f"recovery {self.state.recoveries} of {self.options.max_recoveries}"
-        if decision.act is Act.START:
-            self.store.save(self.state)
-            self.events.say(
-                "recovery",
-                f"{self.target.describe()}: {decision.reason}: starting it ({number})",
-                notify=True,
-                action="start",
-                target=self.target.target_id,
-            )
-            try:
-                self.target.start()
-            except ApiError as exc:
-                if exc.kind in _TRANSIENT:  # a 5xx, a dropped connection or a 429
-                    self.state.recoveries -= 1  # not started: the next poll decides again
-                    self.store.save(self.state)
-                    raise
-                if exc.kind is not ApiErrorKind.NO_CAPACITY:
-                    raise
-                reason = f"its start was refused, the host has no free GPUs ({exc.detail or exc.message})"
-                if not self._can_replace():
-                    self.state.recoveries -= 1  # nothing was started or replaced
-                    return self._refuse(reason)
-                return self._replace(reason, number)
-            self.view.after_recovery(replaced=False)
-            self._after_recovery()
-            return None
-        return self._replace(decision.reason, number)
-
-    def _can_replace(self) -> bool:
-        """Only with a network volume: a replacement elsewhere would lose what is on the pod's own disk."""
-        return self.spec.volume is not None and self.spec.volume.network
-
-    def _replace(self, reason: str, number: str) -> KeepResult | None:
-        self.state.phase = "replacing"
-        self.store.save(self.state)  # recorded before it is requested: a keeper killed now finishes it
-        volume = self.spec.volume.volume_id if self.spec.volume is not None else ""
-        self.events.say(
-            "recovery",
-            f"{self.target.describe()}: {reason}: replacing it ({number}): a new {self.target.kind} of the same "
-            f"name from the spec, with network volume {volume}",
-            notify=True,
-            action="replace",
-            target=self.target.target_id,
-        )
-        self._finish_replacement(resumed=False)
-        return None
-
-    def _finish_replacement(self, *, resumed: bool) -> None:
-        """Remove the old pod (cluster) if it is still there, then create the new one, waiting for capacity.
-
-        Resumed after a kill: a pod of the name other than the one being replaced is the replacement (the
-        keeper was killed after its create): it is adopted, never made twice. Within one run a lost create
-        answer is looked up by name (placement.py)."""
-        old = self.state.target_id
-        if resumed and self.target.adopt() and self.target.target_id != old:
-            found = self.target.describe()
-            self.events.say("replaced", f"the replacement exists: {found}", target=self.target.target_id)
-        else:
-            if self.target.target_id:
-                self.target.remove()
-                self.events.note(
-                    f"{self.target.kind} {old} terminated" if self.target.kind == "pod" else f"cluster {old} deleted"
-                )
-            self.state.target_id = ""
-            self.store.save(self.state)
-            while True:
-                try:
-                    self.target.create(self.events.note, self.state.data_center or None)
-                    break
-                except ApiError as exc:
-                    if exc.kind is not ApiErrorKind.NO_CAPACITY:
-                        raise
-                    self._wait_for_capacity(exc)
-            self._capacity_tries = 0
-            self.events.say(
-                "replaced",
-                f"created {self.target.describe()} in place of {old or 'the lost one'}",
-                target=self.target.target_id,
-            )
-        self.state.phase = "watching"
-        self.state.nodes = {}
-        self.state.target_id = self.target.target_id
-        self.view.after_recovery(replaced=True)
-        self.state.streaks = {}
-        self._after_recovery()
-
-    def _after_recovery(self) -> None:
-        self.quiet_since = {}
-        self.observed = Observed(PodStatus.PROVISIONING, cluster=self.target.kind == "cluster")
-        self._fast_until = time.monotonic() + FAST_WINDOW_S
-        self.store.save(self.state)
-
-    def _wait_for_capacity(self, exc: ApiError) -> None:
-        """No capacity anywhere the spec allows: wait (announced), doubling the wait up to its cap."""
-        self._capacity_tries += 1
-        tries = self._capacity_tries
-        wait = min(self.options.capacity_wait_s * 2 ** (tries - 1), self.options.capacity_wait_cap_s)
-        self.events.say(
-            "capacity",
-            f"no capacity for {self.spec.name} ({exc.message}); trying again in {wait:g} s (try {tries})",
-            notify=tries == 1,
-            wait_s=wait,
-        )
-        time.sleep(wait)
-
-    # -- endings -------------------------------------------------------------------------------------------
-    def _finish(self, outcome: Outcome) -> KeepResult:
-        code = self.view.code
-        why = {
-            Outcome.SUCCESS: "the job succeeded",
-            Outcome.GUARD: "a billing guard ended the job",
-            Outcome.FAILED: f"the job failed with exit {code}",
-        }[outcome]
-        if outcome is Outcome.GUARD:
-            code = ExitCode.BILLING_GUARD
-        self._done(outcome.value, code)
-        done = self.target.stop(why=why)
-        text = f"{why}: {done}" + (f" (after {self.state.recoveries} recovery(ies))" if self.state.recoveries else "")
-        self.events.say("end", text, notify=True, outcome=outcome.value, code=code, line=self.view.detail)
-        return KeepResult(code, outcome.value, text, self.state)
-
-    def _give_up(self, reason: str) -> KeepResult:
-        self._done("gave-up", ExitCode.GPUS_BUSY)
-        done = self.target.stop(why="the keeper gave up")
-        text = (
-            f"{reason}, but {self.state.recoveries} recovery(ies) were made already (--max-recoveries "
-            f"{self.options.max_recoveries}): giving up; {done}"
-        )
-        self.events.say("gave-up", text, notify=True, code=int(ExitCode.GPUS_BUSY))
-        return KeepResult(ExitCode.GPUS_BUSY, "gave-up", text, self.state)
-
-    def _refuse(self, reason: str) -> KeepResult:
-        self._done("refused", ExitCode.GPUS_MISSING)
-        left = "it is left as it is (deleting it would lose its data)"
-        if self.target.kind == "pod" and self.target.target_id:
-            left = self.target.stop(why="it cannot be replaced without losing its data")
-        text = (
-            f"{self.target.describe()}: {reason}: it needs a replacement, but a replacement would lose the pod's data: "
-            "the spec has no [network_volume] (a network volume keeps /workspace across machines; add one, e.g. "
-            f'[network_volume] id = "..." path = "/workspace"); not replacing; {left}'
-        )
-        self.events.say("refused", text, notify=True, code=int(ExitCode.GPUS_MISSING))
-        return KeepResult(ExitCode.GPUS_MISSING, "refused", text, self.state)
-
-    def _done(self, outcome: str, code: int) -> None:
-        self.state.phase, self.state.outcome, self.state.code = "done", outcome, int(code)
-        self.store.save(self.state)

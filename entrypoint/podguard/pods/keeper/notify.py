@@ -3,11 +3,13 @@
     check_notify_url("https://hooks.slack.com/services/T/B/X")      # UsageError (64) for anything else
     notifier = Notifier(url, scrub=key.scrub)
     notifier.send("podguard keep llm-train: ...")                   # in the background; never raises
-    notifier.close()                                                # waits briefly for what is queued
+    notifier.send("... the job succeeded ...", final=True)          # at once, not behind a slow queue
+    notifier.close()                                                # the final message first, then the queue
 
 The body is `{"text": ..., "content": ...}` (Slack reads `text`, Discord `content`; each ignores the other).
 The text is scrubbed of the API key and of token-like strings before it leaves. A webhook that fails is one
-warning line (naming the host, not the URL: the URL itself is a secret) and two tries; it never stops the keeper.
+warning line (naming the host, not the URL: the URL itself is a secret); each message has a deadline of its own
+(two tries within DEADLINE_S, 5 s), so a webhook that never answers costs seconds, and never stops the keeper.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -25,7 +28,7 @@ from podguard.redact import redact_text
 __all__ = ["Notifier", "check_notify_url", "is_secret_reference", "webhook_body"]
 
 TRIES = 2
-TIMEOUT_S = 10.0
+DEADLINE_S = 5.0  # one message, all its tries together (PODGUARD_KEEP_NOTIFY_S)
 _SECRET_REF = "{{ RUNPOD_SECRET_"
 
 
@@ -72,20 +75,42 @@ def webhook_body(text: str) -> bytes:
 
 
 class Notifier:
-    def __init__(self, url: str, *, scrub: Callable[[str], str], warn: Callable[[str], None]) -> None:
+    """Posts in the background, one message at a time, each within `deadline_s` (all its tries together).
+
+    A final message (the end, a give-up, a refusal) does not queue behind the others: it is posted at once on a
+    thread of its own, and `close()` waits for it first; what is still queued behind a slow webhook then gets
+    what is left of one deadline, and is dropped with a warning after that."""
+
+    def __init__(
+        self, url: str, *, scrub: Callable[[str], str], warn: Callable[[str], None], deadline_s: float = DEADLINE_S
+    ) -> None:
         self._url = url
         self._scrub = scrub
         self._warn = warn
+        self._deadline_s = deadline_s
         self._queue: queue.Queue[str | None] = queue.Queue()
+        self._finals: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="podguard-notify", daemon=True)
         self._thread.start()
 
-    def send(self, text: str) -> None:
-        self._queue.put(redact_text(self._scrub(text)))
+    def send(self, text: str, *, final: bool = False) -> None:
+        clean = redact_text(self._scrub(text))
+        if not final:
+            self._queue.put(clean)
+            return
+        thread = threading.Thread(target=self._post, args=(clean,), name="podguard-notify-final", daemon=True)
+        self._finals.append(thread)
+        thread.start()
 
-    def close(self, wait_s: float = TIMEOUT_S * TRIES) -> None:
+    def close(self) -> None:
+        deadline = time.monotonic() + self._deadline_s + 0.5
+        for thread in self._finals:  # the end or give-up message first, whatever the queue is stuck on
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._queue.put(None)
-        self._thread.join(timeout=wait_s)
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = self._queue.qsize() - 1
+        if self._thread.is_alive() and left > 0:
+            self._warn(f"warning: {left} --notify message(s) to {_shown(self._url)} not sent (the webhook is slow)")
 
     def _run(self) -> None:
         while True:
@@ -101,10 +126,14 @@ class Notifier:
             headers={"Content-Type": "application/json", "User-Agent": "podguard-keep"},
             method="POST",
         )
-        error = ""
+        error = "no time left"
+        deadline = time.monotonic() + self._deadline_s
         for _ in range(TRIES):
+            left = deadline - time.monotonic()
+            if left < 0.1:
+                break
             try:
-                with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+                with urllib.request.urlopen(request, timeout=left) as answer:
                     answer.read()
                 return
             except Exception as exc:  # a webhook must never stop the keeper

@@ -4,7 +4,7 @@
 
 The knobs below are for tests and tuning, not user options: PODGUARD_KEEP_SILENCE_S (the 15-minute silence
 that marks a lost host), PODGUARD_KEEP_SETTLE_S, PODGUARD_KEEP_RECOVERY_POLL_S, PODGUARD_KEEP_CAPACITY_WAIT_S
-PODGUARD_KEEP_CAPACITY_WAIT_CAP_S and PODGUARD_KEEP_PARK_S (see docs/running-pods.md).
+PODGUARD_KEEP_CAPACITY_WAIT_CAP_S, PODGUARD_KEEP_PARK_S and PODGUARD_KEEP_NOTIFY_S (see docs/running-pods.md).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from podguard.errors import UsageError
 
@@ -30,6 +31,7 @@ class KeepOptions:
     capacity_wait_s: float = 30.0  # the first wait for capacity; doubles up to the cap
     capacity_wait_cap_s: float = 600.0
     park_s: float = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before exiting
+    notify_s: float = 5.0  # the deadline of one `--notify` message, all its tries together
 
 
 KNOBS = {
@@ -39,16 +41,20 @@ KNOBS = {
     "capacity_wait_s": "PODGUARD_KEEP_CAPACITY_WAIT_S",
     "capacity_wait_cap_s": "PODGUARD_KEEP_CAPACITY_WAIT_CAP_S",
     "park_s": "PODGUARD_KEEP_PARK_S",
+    "notify_s": "PODGUARD_KEEP_NOTIFY_S",
 }
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def keep_options(*, poll: float, max_recoveries: int, env: Mapping[str, str] | None = None) -> KeepOptions:
+def keep_options(*, poll: float | str, max_recoveries: int | str, env: Mapping[str, str] | None = None) -> KeepOptions:
+    """The options (as given: numbers, or the text of a flag or a PODGUARD_* variable) and the knobs; 64 if bad."""
     env = os.environ if env is None else env
-    if not (math.isfinite(poll) and poll > 0):
-        raise UsageError(f"--poll {poll:g} is not valid; expected seconds > 0 (default 30)")
-    if max_recoveries < 0:
-        raise UsageError(f"--max-recoveries {max_recoveries} is not valid; expected a whole number >= 0 (default 5)")
+    poll_s = _number(poll, "--poll", "seconds > 0 (default 30)", float)
+    if not (math.isfinite(poll_s) and poll_s > 0):
+        raise UsageError(f"--poll {str(poll).strip()} is not valid; expected seconds > 0 (default 30)")
+    recoveries = _number(max_recoveries, "--max-recoveries", "a whole number >= 0 (default 5)", int)
+    if recoveries < 0:
+        raise UsageError(f"--max-recoveries {recoveries} is not valid; expected a whole number >= 0 (default 5)")
     knobs: dict[str, float] = {}
     for field, variable in KNOBS.items():
         raw = env.get(variable, "").strip()
@@ -61,7 +67,16 @@ def keep_options(*, poll: float, max_recoveries: int, env: Mapping[str, str] | N
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f"{variable}={raw} is not valid; expected seconds > 0")
         knobs[field] = value
-    return KeepOptions(poll_s=poll, max_recoveries=max_recoveries, **knobs)
+    return KeepOptions(poll_s=poll_s, max_recoveries=recoveries, **knobs)
+
+
+def _number(value: object, option: str, valid: str, kind: type[int] | type[float]) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return kind(value)
+    try:
+        return kind(str(value).strip())
+    except ValueError:
+        raise UsageError(f"{option} {str(value).strip()!r} is not valid; expected {valid}") from None
 
 
 def check_key_secret(name: str) -> str:

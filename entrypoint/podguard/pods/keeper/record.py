@@ -60,9 +60,10 @@ class KeepState:
     kind: str  # pod | cluster
     target_id: str = ""  # the pod's or cluster's id ("" while there is none: a replacement is being made)
     recoveries: int = 0
-    phase: str = "watching"  # watching | replacing | done
-    outcome: str = ""  # success | guard | failed | gave-up | refused | down ("" while not done)
+    phase: str = "watching"  # watching | replacing | ending (the stop is not confirmed yet) | done
+    outcome: str = ""  # success | guard | failed | gave-up | refused | down | stopped ("" while not done)
     code: int | None = None
+    why: str = ""  # while ending: what ended it, in words (the end message, once the stop is confirmed)
     streaks: dict[str, int] = field(default_factory=dict)  # rank -> preflight verdicts other than PASS in a row
     nodes: dict[str, NodeMark] = field(default_factory=dict)  # rank -> where its log was read up to
     data_center: str = ""  # where the kept pod (cluster) last ran: a network volume pins its replacement there

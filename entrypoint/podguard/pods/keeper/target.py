@@ -4,10 +4,15 @@
     action = target.up()                         # `pod up` without the wait: created | reused | started
     observed = target.poll(silent=set())         # ONE status request (a cluster: its aggregate)
     got = target.streams.get(timeout=1.0)        # (rank, LogEvent | ApiError) from one stream per node
+    target.adopt(exclude=old_id)                 # the one of this name, whoever made it (look up before a create)
+    target.create(say); target.settle_twins()    # a twin made at the same moment: the oldest of the name stays
 
 Built on the layers `pod up` and `pod heal` use (pods/up.py, placement.py, actions.py, clusters/up.py,
 placement.py, streams.py), not a copy of them. A replacement is "remove, then create from the spec": never two
-pods (clusters) of one name at a time, and a create whose answer was lost is looked up by name (placement.py).
+pods (clusters) of one name at a time: the keeper looks the name up before every create and adopts what exists,
+whoever made it; a create whose answer was lost is looked up by name (placement.py); and two creates at the same
+moment (two keepers) are settled after the fact by one rule every keeper applies: the oldest of the name stays,
+the newer ones are terminated (`settle_twins`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from podguard.pods.clusters.streams import NodeStreams
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import NodeState, Observed
 from podguard.pods.keeper.record import KeepState, NodeMark
+from podguard.pods.keeper.twins import oldest, pick_one
 from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus, allowed_actions
 from podguard.pods.placement import create_first_fit, pods_named
 from podguard.pods.progress import Progress
@@ -49,7 +55,11 @@ class Target(Protocol):
 
     def up(self, say: Say) -> str: ...
 
-    def adopt(self) -> bool: ...
+    def adopt(self, *, exclude: str = "", only: str = "") -> bool: ...
+
+    def discard(self, target_id: str) -> None: ...
+
+    def settle_twins(self) -> str: ...
 
     def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed: ...
 
@@ -111,18 +121,50 @@ class PodTarget:
             self._stale = self.pod.started_at
         return result.action
 
-    def adopt(self) -> bool:
-        """The pod of this name (the one kept, or one a lost create made); False when there is none."""
-        found = with_retry(lambda: pods_named(self.api, self.name), self.api.policy, what=f"look up pod {self.name}")
-        if len(found) > 1:
-            from podguard.errors import UsageError
+    def _named(self, exclude: str = "") -> list[Pod]:
+        what = f"look up pod {self.name}"
+        return with_retry(lambda: pods_named(self.api, self.name, exclude=(exclude,)), self.api.policy, what=what)
 
-            ids = ", ".join(p.id for p in found)
-            raise UsageError(f"{len(found)} pods are named {self.name!r} ({ids}); take the extra ones down first")
-        if not found:
+    def adopt(self, *, exclude: str = "", only: str = "") -> bool:
+        """The pod of this name, whoever made it (`exclude`: not that one; `only`: that one); False if none."""
+        pod = pick_one(self._named(exclude), "pod", self.name, only)
+        if pod is None:
             return False
-        self.pod = found[0]
+        assert isinstance(pod, Pod)
+        if self.pod is None or pod.id != self.pod.id:
+            self.stream_lost(0)
+            self._stale = None
+        self.pod = pod
         return True
+
+    def discard(self, target_id: str) -> None:
+        """Terminate the pod `target_id` (not the one kept now); already gone is success."""
+        if not target_id:
+            return
+        try:
+            with_retry(lambda: self.api.act(target_id, PodAction.TERMINATE), self.api.policy, what="terminate")
+        except ApiError as exc:
+            if exc.kind not in (ApiErrorKind.NOT_FOUND, ApiErrorKind.CONFLICT):
+                raise
+
+    def settle_twins(self) -> str:
+        """Right after this keeper's create: pods of the name made in the same moment (another keeper, `pod heal
+        --replace`) are settled by one rule every keeper applies: the oldest stays, the others are terminated.
+        Ours, when it is not the oldest: its id ("" when ours stays)."""
+        assert self.pod is not None
+        found = self._named()
+        if len(found) < 2:
+            return ""
+        keep = oldest(found)
+        for twin in found:
+            if twin.id != keep.id:
+                self.discard(twin.id)
+        if keep.id == self.pod.id:
+            return ""
+        mine = self.pod.id
+        assert isinstance(keep, Pod)
+        self.pod, self._stale = keep, None
+        return mine
 
     def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed:
         assert self.pod is not None
@@ -136,7 +178,10 @@ class PodTarget:
         if pod.data_center:
             state.data_center = pod.data_center
         self._follow(pod, state)
-        return Observed(pod.status, {0: NodeState(pod.status, pod.has_runtime)})
+        want = self.spec.gpu.count if self.spec.gpu is not None else 0
+        have = pod.gpu.count if pod.gpu is not None else want
+        gpus = (have, want) if have < want else None
+        return Observed(pod.status, {0: NodeState(pod.status, pod.has_runtime, gpus)})
 
     def _follow(self, pod: Pod, state: KeepState) -> None:
         """One stream per pod, opened once it runs (after a start we asked for: once the newer start runs)."""
@@ -227,20 +272,48 @@ class ClusterTarget:
         self.cluster = result.cluster
         return result.action
 
-    def adopt(self) -> bool:
-        """The cluster of this name; False when there is none."""
-        found = with_retry(
-            lambda: clusters_named(self.api, self.name), self.api.policy, what=f"look up cluster {self.name}"
-        )
-        if len(found) > 1:
-            from podguard.errors import UsageError
+    def _named(self, exclude: str = "") -> list[Cluster]:
+        what = f"look up cluster {self.name}"
+        return with_retry(lambda: clusters_named(self.api, self.name, exclude=(exclude,)), self.api.policy, what=what)
 
-            ids = ", ".join(c.id for c in found)
-            raise UsageError(f"{len(found)} clusters are named {self.name!r} ({ids}); take the extra ones down first")
-        if not found:
+    def adopt(self, *, exclude: str = "", only: str = "") -> bool:
+        """The cluster of this name, whoever made it (`exclude`: not that one; `only`: that one); False if none."""
+        cluster = pick_one(self._named(exclude), "cluster", self.name, only)
+        if cluster is None:
             return False
-        self.cluster = found[0]
+        assert isinstance(cluster, Cluster)
+        if self.cluster is None or cluster.id != self.cluster.id:
+            self.streams.close()
+            self._followed, self._members, self._all_ran = None, {}, False
+        self.cluster = cluster
         return True
+
+    def discard(self, target_id: str) -> None:
+        """Delete the cluster `target_id` (not the one kept now); already gone is success."""
+        if not target_id:
+            return
+        try:
+            with_retry(lambda: self.api.delete_cluster(target_id), self.api.policy, what="delete cluster")
+        except ApiError as exc:
+            if exc.kind is not ApiErrorKind.NOT_FOUND:
+                raise
+
+    def settle_twins(self) -> str:
+        """As PodTarget.settle_twins: the oldest cluster of the name stays, the others are deleted."""
+        assert self.cluster is not None
+        found = self._named()
+        if len(found) < 2:
+            return ""
+        keep = oldest(found)
+        for twin in found:
+            if twin.id != keep.id:
+                self.discard(twin.id)
+        if keep.id == self.cluster.id:
+            return ""
+        mine = self.cluster.id
+        assert isinstance(keep, Cluster)
+        self.cluster = keep
+        return mine
 
     def poll(self, state: KeepState, silent: set[int], *, members: bool = False) -> Observed:
         """The cluster's status; its members are listed (runtimes included) when a node stopped or left, when a

@@ -1,0 +1,137 @@
+"""The "whole" rules of checkpoint folders, from their listings plus header reads (files.py). Each returns
+(why, note): why is "" for a whole folder.
+
+    tree = read_tree(path)          # the files under a folder (3 levels at most): relative name -> (size, mtime)
+    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, the weights it names are there
+    dcp_why(tree)                   # torch DCP: .metadata exists (DCP writes it last)
+    files_why(path, tree)           # DeepSpeed tag / Megatron iter_* / step-named folders: every weights file whole
+
+A folder holding a `COMPLETED` marker is whole whatever its layout (scan.py checks that first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, safetensors_why
+
+__all__ = ["HF_SINGLE", "MARKER", "Tree", "dcp_why", "files_why", "has_weights", "hf_why", "read_tree"]
+
+MARKER = "COMPLETED"
+MAX_DEPTH = 3
+WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
+HF_SINGLE = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The files under a folder: relative path -> (size, mtime); `mtime` is the newest of them and the folder."""
+
+    files: dict[str, tuple[int, float]]
+    mtime: float
+
+    @property
+    def size(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+    def top(self, name: str) -> bool:
+        return name in self.files
+
+
+def read_tree(path: str) -> Tree:
+    files: dict[str, tuple[int, float]] = {}
+    newest = 0.0
+    stack = [(path, "", 0)]
+    while stack:
+        folder, rel, depth = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                for entry in it:
+                    name = f"{rel}{entry.name}"
+                    try:
+                        st = entry.stat(follow_symlinks=True)
+                    except OSError:
+                        continue
+                    newest = max(newest, st.st_mtime)
+                    if entry.is_dir(follow_symlinks=True):
+                        if depth + 1 < MAX_DEPTH:
+                            stack.append((entry.path, f"{name}/", depth + 1))
+                    else:
+                        files[name] = (st.st_size, st.st_mtime)
+        except OSError:
+            continue
+    return Tree(files, newest)
+
+
+def dcp_why(tree: Tree, prefix: str = "") -> str:
+    meta = f"{prefix}.metadata"
+    if meta not in tree.files:
+        return f"no {meta} (torch DCP writes it last: the save did not finish)"
+    if tree.files[meta][0] == 0:
+        return f"{meta} is empty"
+    return ""
+
+
+def has_weights(tree: Tree) -> bool:
+    return any(name.endswith(WEIGHT_SUFFIXES) or name.endswith(".distcp") for name in tree.files)
+
+
+def files_why(path: str, tree: Tree) -> tuple[str, str]:
+    """Every weights file whole (a DCP subfolder: its .metadata); at least one there."""
+    if not has_weights(tree):
+        return "no weights file in it", ""
+    notes = []
+    for folder in sorted({n.rpartition("/")[0] for n in tree.files if n.endswith(".distcp")}):
+        if why := dcp_why(tree, f"{folder}/" if folder else ""):
+            return why, ""
+    for name, (size, _) in sorted(tree.files.items()):
+        if name.endswith(WEIGHT_SUFFIXES):
+            why, note = file_why(os.path.join(path, name), size)
+            if why:
+                return why, ""
+            if note:
+                notes.append(note)
+    return "", "; ".join(notes[:1])
+
+
+def hf_why(path: str, tree: Tree) -> tuple[str, str]:
+    """Hugging Face Trainer's checkpoint folder (transformers Trainer._save_checkpoint)."""
+    state = "trainer_state.json"
+    if state not in tree.files:
+        return f"no {state}", ""
+    try:
+        with open(os.path.join(path, state), "rb") as f:
+            json.load(f)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"{state} does not parse (cut short?)", ""
+    for index in HF_INDEXES:
+        if index in tree.files:
+            return _index_why(path, tree, index), ""
+    for single in HF_SINGLE:
+        if single in tree.files:
+            return file_why(os.path.join(path, single), tree.files[single][0])
+    if has_weights(tree):  # DeepSpeed or FSDP state inside the checkpoint folder
+        return files_why(path, tree)
+    return f"no weights ({', '.join(HF_SINGLE[:2])} or a sharded index)", ""
+
+
+def _index_why(path: str, tree: Tree, index: str) -> str:
+    try:
+        with open(os.path.join(path, index), "rb") as f:
+            weight_map = json.load(f)["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return f"{index} does not parse"
+    for shard in shards:
+        if shard not in tree.files:
+            return f"{shard} is missing ({index} names {len(shards)} shards)"
+        if shard.endswith(".safetensors"):
+            why = safetensors_why(os.path.join(path, shard), tree.files[shard][0])
+        else:
+            why, _ = file_why(os.path.join(path, shard), tree.files[shard][0])
+        if why:
+            return why
+    return ""

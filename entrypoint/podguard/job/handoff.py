@@ -1,0 +1,85 @@
+"""`--checkpoints DIR` around each attempt: before it, the newest whole checkpoint handed to the job; after it,
+the newest one at its end and whether the attempt wrote a new one (progress, for the crash-loop rule).
+
+    handoff = Handoff(Path("/workspace/ckpt"), say)
+    env = handoff.before()          # PODGUARD_CHECKPOINTS, PODGUARD_RESUME_FROM/_STEP; says `resuming from ...`
+    seen = handoff.after()          # AttemptCheckpoints(started, newest, saved); seen.fragment() for END and RESTART
+
+Reads DIR only (checkpoints/); a DIR that does not exist yet is "no checkpoint yet".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from podguard.checkpoints import (
+    ENV_RESUME_FROM,
+    ENV_RESUME_STEP,
+    Checkpoint,
+    Finding,
+    end_fragment,
+    find_checkpoints,
+    resume_env,
+    resume_lines,
+)
+from podguard.checkpoints.render import utc
+
+__all__ = ["ENV_CHECKPOINTS", "AttemptCheckpoints", "Handoff"]
+
+ENV_CHECKPOINTS = "PODGUARD_CHECKPOINTS"  # the workers get DIR too (the Lightning callback saves there)
+
+
+@dataclass(frozen=True)
+class AttemptCheckpoints:
+    started: Checkpoint | None  # what the attempt was handed (None: from scratch)
+    newest: Checkpoint | None  # the newest whole one at its end
+    saved: bool  # a whole checkpoint appeared (or changed) during the attempt
+
+    def fragment(self) -> str:
+        return end_fragment(self.started, self.newest)
+
+    def record(self) -> dict[str, object]:
+        def one(c: Checkpoint | None) -> dict[str, object] | None:
+            return None if c is None else {"path": c.path, "step": c.step, "written_at": utc(c.mtime)}
+
+        return {"started_from": one(self.started), "newest_at_end": one(self.newest), "saved": self.saved}
+
+
+class Handoff:
+    def __init__(self, directory: Path, say: Callable[[str], None]) -> None:
+        self.directory = Path(os.path.abspath(directory))
+        self.say = say
+        self._started: Checkpoint | None = None
+        self._whole_before: set[tuple[str, float, int]] = set()
+
+    def find(self) -> Finding:
+        try:
+            return find_checkpoints(self.directory)
+        except OSError:  # not there yet (the job creates it), or unreadable: nothing to resume from
+            return Finding(str(self.directory), ())
+
+    def before(self) -> dict[str, str]:
+        finding = self.find()
+        for line in resume_lines(finding, time.time()):
+            self.say(f"podguard: {line}")
+        self._started = finding.chosen
+        self._whole_before = {(c.path, c.mtime, c.size) for c in finding.checkpoints if c.whole}
+        for name in (ENV_RESUME_FROM, ENV_RESUME_STEP):  # unset unless handed over (the workers inherit ours)
+            os.environ.pop(name, None)
+        return {ENV_CHECKPOINTS: str(self.directory), **resume_env(finding)}
+
+    def after(self, run_dir: Path | None = None) -> AttemptCheckpoints:
+        finding = self.find()
+        whole = [c for c in finding.checkpoints if c.whole]
+        saved = any((c.path, c.mtime, c.size) not in self._whole_before for c in whole)
+        seen = AttemptCheckpoints(self._started, finding.chosen, saved)
+        if run_dir is not None:
+            with contextlib.suppress(OSError):  # best-effort, like the run's other records
+                (run_dir / "checkpoints.json").write_text(json.dumps(seen.record(), indent=2) + "\n")
+        return seen

@@ -1,0 +1,68 @@
+"""This pod's price and spend for the metrics, read from RunPod's API once, whether or not a cost guard is set.
+
+    price_of_budget(guards.budget)            # --max-cost already read the pod's meter: reuse it (no request)
+    read_price_later(pod_id, state.set_price, say)   # else one GET /v2/pods/{id} on a helper thread
+
+The spend is the price x the time since the pod's `startedAt`, as `--max-cost` counts it (guards/budget.py): one
+read, then the clock. Inside a cluster member it is this pod's own price and spend (the cost guard sums the
+cluster's). A failed read leaves the two series out, says one line, and never delays or fails the job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from podguard.metrics.state import Price
+
+if TYPE_CHECKING:
+    from podguard.guards.budget import Budget
+
+__all__ = ["price_of_budget", "read_price", "read_price_later"]
+
+RETRY_FOR_S = 60.0  # the API's retries for this one read (a helper thread: the job does not wait)
+
+
+def price_of_budget(budget: Budget | None) -> Price | None:
+    """This pod's own meter from the cost guard's budget (read once at start), or None."""
+    if budget is None:
+        return None
+    meter = next((m for m in budget.meters if m.pod_id == budget.pod_id), None)
+    if meter is None or meter.cost_per_hr <= 0:
+        return None
+    return Price(meter.cost_per_hr, meter.uptime_s, budget.read_at)
+
+
+def read_price(pod_id: str) -> Price | None:
+    """One GET of this pod (retried like every API call); None when the API gives it no price."""
+    from podguard.pods.api import open_api
+    from podguard.pods.spend import seconds_since
+
+    pod = open_api("rest", retry_for=RETRY_FOR_S).get_pod(pod_id)
+    wall, read_at = time.time(), time.monotonic()
+    if not pod.cost_per_hr:
+        return None
+    return Price(float(pod.cost_per_hr), seconds_since(pod.started_at, wall) or 0.0, read_at)
+
+
+def read_price_later(pod_id: str, done: Callable[[Price | None], None], say: Callable[[str], None]) -> threading.Thread:
+    """`read_price` on a daemon thread; `done(price)` with the answer; a failure is one line (never the key)."""
+
+    def run() -> None:
+        try:
+            price = read_price(pod_id)
+        except Exception as exc:  # no key, the API down: the metrics go on without the price
+            from podguard.errors import PodguardError
+
+            why = exc.message if isinstance(exc, PodguardError) else f"{type(exc).__name__}: {exc}"
+            say(f"metrics: no price for pod {pod_id}: {why}")
+            return
+        if price is None:
+            say(f"metrics: the API gives no price for pod {pod_id}; the price and spend series are left out")
+        done(price)
+
+    thread = threading.Thread(target=run, name="podguard-metrics-price", daemon=True)
+    thread.start()
+    return thread

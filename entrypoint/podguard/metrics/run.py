@@ -1,0 +1,123 @@
+"""The metrics of one `podguard train|run`: the state, the endpoint and the file, opened before anything runs.
+
+    metrics = open_metrics(port=9464, path=Path("/var/lib/node_exporter/podguard.prom"), mode="auto")
+    watch = metrics.attempt(runtime, attempt=0, mode="per-gpu", gpus=selection.gpus)
+    metrics.close()
+
+The options are checked where they are parsed (cli/options.py); the bind and the first write happen here, so a
+taken port or an unwritable file is exit 64 before the preflight touches anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podguard.metrics.state import GpuRow, MetricsState
+
+if TYPE_CHECKING:
+    from podguard.guards import GuardWatch
+    from podguard.launch.watch.runtime import RuntimeWatch
+    from podguard.metrics.outputs import FileWriter, MetricsServer
+    from podguard.metrics.watch import MetricsWatch
+
+__all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
+
+ENV_INTERVAL = "PODGUARD_METRICS_INTERVAL"  # seconds between --metrics-file writes (default 15)
+ENV_POD_ID = "RUNPOD_POD_ID"
+
+
+class Metrics:
+    """The run's metrics; see the module docstring."""
+
+    def __init__(
+        self,
+        state: MetricsState,
+        server: MetricsServer | None,
+        writer: FileWriter | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.state = state
+        self.server = server
+        self.writer = writer
+        self.say = say
+
+    def read_price(self, guards: GuardWatch | None, pod_id: str | None = None) -> None:
+        """Inside a pod: its price, from the cost guard's read where there is one, else one read on a thread."""
+        from podguard.metrics.price import price_of_budget, read_price_later
+
+        pod_id = (pod_id if pod_id is not None else os.environ.get(ENV_POD_ID, "")).strip()
+        if not pod_id:
+            return
+        price = price_of_budget(guards.budget if guards is not None else None)
+        if price is not None:
+            self.state.set_price(price)
+        else:
+            read_price_later(pod_id, self.state.set_price, self.say)
+
+    def attempt(self, runtime: RuntimeWatch, *, attempt: int, mode: str, gpus: Sequence[Any]) -> MetricsWatch:
+        """A launch: its number, mode and GPUs (`SelectedGpu`s); the GPU gauges hook into the run-time watch's
+        NVML poll; the returned watch goes last in the supervisor's WatchGroup."""
+        from podguard.metrics.watch import MetricsWatch
+
+        rows = [GpuRow(g.index, g.uuid or "", g.name or "") for g in dict.fromkeys(gpus)]
+        self.state.begin_attempt(attempt, str(mode), rows)
+        runtime.gpu_reader = self.state.read_gpus
+        return MetricsWatch(self.state, runtime)
+
+    def close(self) -> None:
+        """The file's last write, then the port closes."""
+        if self.writer is not None:
+            self.writer.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def open_metrics(
+    *, port: int | None, path: Path | None, mode: str, say: Callable[[str], None] | None = None
+) -> Metrics | None:
+    """The endpoint and the file, or None when neither is asked for. UsageError (64) when the port is taken or
+    cannot be bound, or the file cannot be written: before anything runs."""
+    if port is None and path is None:
+        return None
+    from podguard import __version__
+    from podguard.metrics.exposition import snapshot_registry
+    from podguard.metrics.outputs import FILE_INTERVAL_S, FileWriter, MetricsServer
+
+    say = say or _say
+    every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
+    state = MetricsState(version=__version__, mode=str(mode), pod_id=os.environ.get(ENV_POD_ID, "").strip())
+    registry = snapshot_registry(state)
+    server = MetricsServer.bind(port, registry) if port is not None else None
+    try:
+        writer = FileWriter(path, registry, every_s=every_s) if path is not None else None
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    if server is not None:
+        say(f"metrics: http://0.0.0.0:{port}/metrics")
+    if writer is not None:
+        say(f"metrics: {path} (every {every_s:g} s)")
+    return Metrics(state, server, writer, say)
+
+
+def _interval(raw: str | None, default: float) -> float:
+    from podguard.errors import UsageError
+
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.05 <= value < float("inf"):
+        raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds >= 0.05, e.g. 15")
+    return value
+
+
+def _say(text: str) -> None:
+    print(f"podguard: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,73 @@
+"""The series podguard exports (PRODUCT.md "Metrics where people look"): name, type, help and labels, in one table.
+
+A counter's name here has no `_total`: the exposition adds it (`podguard_job_restarts` ->
+`podguard_job_restarts_total`), as Prometheus's own client does for every counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GPU", "GPU_GAUGES", "SERIES", "Series"]
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    kind: str  # "gauge" | "counter"
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+GPU = ("gpu", "uuid")  # the NVML index and the GPU's UUID
+
+SERIES: tuple[Series, ...] = (
+    Series("podguard_up", "gauge", "1 while podguard runs (its supervisor serves these metrics)."),
+    Series(
+        "podguard_info",
+        "gauge",
+        "podguard's version, the launch mode and this RunPod pod's id (empty outside a pod); always 1.",
+        ("version", "mode", "pod_id"),
+    ),
+    Series(
+        "podguard_gpu_healthy",
+        "gauge",
+        "The preflight gate's verdict on each of the job's GPUs (1 healthy), 0 from a fatal fault during the run on.",
+        (*GPU, "model"),
+    ),
+    Series(
+        "podguard_gpu_xid_errors",
+        "counter",
+        "Xid errors NVML reported on each GPU during the run, by Xid (each Xid once per GPU per attempt).",
+        (*GPU, "xid"),
+    ),
+    Series("podguard_gpu_utilization_ratio", "gauge", "GPU utilisation (NVML's last sample period), 0 to 1.", GPU),
+    Series("podguard_gpu_memory_used_bytes", "gauge", "GPU memory in use, in bytes.", GPU),
+    Series("podguard_gpu_power_watts", "gauge", "GPU power draw, in watts.", GPU),
+    Series("podguard_gpu_temperature_celsius", "gauge", "GPU temperature, in degrees Celsius.", GPU),
+    Series("podguard_rank_step", "gauge", "The step of each rank's last heartbeat(step).", ("rank",)),
+    Series("podguard_rank_heartbeats", "counter", "Heartbeats each rank has sent.", ("rank",)),
+    Series(
+        "podguard_rank_last_progress_timestamp_seconds",
+        "gauge",
+        "When each rank last sent a heartbeat (Unix seconds).",
+        ("rank",),
+    ),
+    Series("podguard_rank_slow", "gauge", "1 while the rank is named a straggler, else 0.", ("rank",)),
+    Series(
+        "podguard_job_last_progress_timestamp_seconds",
+        "gauge",
+        "When the job last made progress: a heartbeat or a --progress line (Unix seconds).",
+    ),
+    Series("podguard_job_attempt", "gauge", "The attempt that runs now (1 = the first launch; 0 = not launched yet)."),
+    Series("podguard_job_restarts", "counter", "Relaunches of the job by --restarts."),
+    Series("podguard_price_dollars_per_hour", "gauge", "This pod's price, in US dollars per hour (RunPod's API)."),
+    Series("podguard_spend_dollars", "gauge", "This pod's spend since it started, in US dollars (price x uptime)."),
+)
+
+GPU_GAUGES = {  # GpuReading field -> series
+    "utilization": "podguard_gpu_utilization_ratio",
+    "memory_used": "podguard_gpu_memory_used_bytes",
+    "power": "podguard_gpu_power_watts",
+    "temperature": "podguard_gpu_temperature_celsius",
+}

@@ -1,0 +1,77 @@
+"""The job's last word and its restarts, as lines a keeper outside the pod reads (PRODUCT.md, "Lines podguard
+prints for `pod keep`"). Both sides of that contract import this module: job/conductor.py writes the lines,
+pods/keeper/lines.py reads them. It sits low in the package and imports nothing of podguard.
+
+    podguard train: RESTART 1 of 3 in 1 s after crash (exit 1), exit 1
+    podguard train: END success exit 0 after 2 attempt(s): job finished successfully in 812.4 s (8 worker(s))
+
+Exactly one END line per `train`/`run` invocation that launched or decided anything, printed when the outcome is
+known (before `--on-exit` or a guard stops the pod); a RESTART line for each relaunch. KIND is one of KINDS.
+`signal` is an end imposed from outside (RunPod's SIGTERM when it stops the pod), not an outcome. The END line is
+one line under MAX_LINE characters: the detail is cut (its start kept, "…" at the end).
+
+With `--checkpoints` the detail holds `newest checkpoint <path> (step <N>, written <UTC time>)`;
+`newest_checkpoint(detail)` reads it back (a keeper's notifications name it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+__all__ = [
+    "END_LINE",
+    "KINDS",
+    "MAX_LINE",
+    "Checkpoint",
+    "end_line",
+    "newest_checkpoint",
+    "restart_line",
+]
+
+KINDS = ("success", "failed", "hung", "gpu-fault", "guard", "signal", "preflight")
+END_LINE = re.compile(r"^podguard (?P<command>train|run): END (?P<kind>[a-z-]+) exit (?P<code>\d+)\b")
+MAX_LINE = 399  # an END line stays under 400 characters (the keeper reads it as one log line)
+_NEWEST = re.compile(r"newest checkpoint (\S+) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)")
+
+
+def end_line(command: str, kind: str, code: int, attempts: int, detail: str) -> str:
+    """`podguard COMMAND: END KIND exit CODE after N attempt(s)[: detail]`, one line of at most MAX_LINE chars."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown end kind {kind!r}; one of {', '.join(KINDS)}")
+    head = f"podguard {command}: END {kind} exit {int(code)} after {attempts} attempt(s)"
+    detail = " ".join(detail.split())
+    if not detail:
+        return head
+    room = MAX_LINE - len(head) - 2
+    if len(detail) > room:
+        detail = detail[: max(room - 1, 0)].rstrip() + "…"
+    return f"{head}: {detail}"
+
+
+def restart_line(command: str, number: int, total: int, delay_s: float, what: str, code: int) -> str:
+    what = " ".join(what.split())
+    return f"podguard {command}: RESTART {number} of {total} in {delay_s:g} s after {what}, exit {int(code)}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The newest whole checkpoint an END line names: where, its step when known, when it was written (epoch s)."""
+
+    path: str
+    step: int | None
+    written: float
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1] or self.path
+
+
+def newest_checkpoint(text: str) -> Checkpoint | None:
+    """The `newest checkpoint PATH (step N, written T)` fragment of an END line's detail, or None."""
+    m = _NEWEST.search(text)
+    if m is None:
+        return None
+    written = datetime.strptime(m.group(3), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return Checkpoint(m.group(1), int(m.group(2)) if m.group(2) else None, written)

@@ -1,0 +1,54 @@
+"""`podguard checkpoints DIR [--json]` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import writers as w
+
+
+def podguard(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "podguard", "checkpoints", *args], capture_output=True, text=True)
+
+
+def test_the_table_lists_newest_first_and_marks_the_one_a_restart_uses(tmp_path):
+    w.hf_checkpoint(tmp_path, 100)
+    w.age(tmp_path / "checkpoint-100", 3600)
+    broken = w.hf_checkpoint(tmp_path, 200)
+    (broken / "trainer_state.json").write_text('{"global_st')
+    proc = podguard(str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.splitlines()
+    assert rows[0].split() == ["NAME", "LAYOUT", "STEP", "SIZE", "WRITTEN", "WHOLE"]
+    assert rows[1].split()[:3] == ["checkpoint-200", "hf-trainer", "200"]
+    assert rows[1].endswith("no: trainer_state.json does not parse (cut short?)")
+    assert rows[2].split()[:4] == ["*", "checkpoint-100", "hf-trainer", "100"] and rows[2].endswith("yes")
+    assert "(1h ago)" in rows[2]
+    assert rows[-1] == f"a restart would resume from {tmp_path / 'checkpoint-100'} (*)"
+
+
+def test_json_and_an_empty_dir_are_exit_0(tmp_path):
+    proc = podguard(str(tmp_path), "--json")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout) == {
+        "directory": str(tmp_path),
+        "resume_from": None,
+        "resume_step": None,
+        "checkpoints": [],
+    }
+    w.torch_file(tmp_path / "step-3.pt")
+    data = json.loads(podguard(str(tmp_path), "--json").stdout)
+    (c,) = data["checkpoints"]
+    assert (c["layout"], c["step"], c["whole"], c["chosen"], c["why_not"]) == ("torch", 3, True, True, None)
+    assert c["size_bytes"] == (tmp_path / "step-3.pt").stat().st_size and c["written_at"].endswith("Z")
+
+
+def test_a_missing_dir_is_64_in_one_line(tmp_path):
+    proc = podguard(str(tmp_path / "nope"))
+    assert proc.returncode == 64
+    assert proc.stderr.strip() == (
+        f"podguard: error: checkpoints DIR='{tmp_path / 'nope'}' does not exist; give the folder the job writes "
+        "its checkpoints to"
+    )

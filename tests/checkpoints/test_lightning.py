@@ -1,0 +1,86 @@
+"""podguard's Lightning callback with a tiny real Lightning module: it saves `step=<N>.ckpt` on the save signal
+(a whole checkpoint for the finder), and `fit(ckpt_path=resume_from())` goes on from that step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import pytest
+
+L = pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+from podguard.checkpoints import find_checkpoints, resume_env  # noqa: E402
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.layer(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SignalAt(L.Callback):
+    """Sends the save signal to this process at one step (as podguard does before a guard ends the job)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+class Count(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append(trainer.global_step)
+
+
+def fit(tmp_path, steps, callbacks, ckpt_path=None):
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Tiny(), data, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_the_callback_saves_on_the_signal_and_the_fit_resumes_from_it(tmp_path, monkeypatch):
+    from podguard.integrations.lightning import PodguardCallback
+    from podguard.rank import resume_from
+
+    ckpt = tmp_path / "ckpt"
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        callback = PodguardCallback(str(ckpt), save_signal=signal.SIGUSR1)
+        fit(tmp_path, 6, [SignalAt(3), callback])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert callback.saved == [str(ckpt / "step=4.ckpt")]  # saved at the end of the batch the signal came in
+    finding = find_checkpoints(ckpt)
+    assert finding.chosen is not None and finding.chosen.whole and finding.chosen.step == 4
+    for key, value in resume_env(finding).items():
+        monkeypatch.setenv(key, value)
+    counted = Count()
+    trainer = fit(tmp_path, 8, [counted], ckpt_path=resume_from())
+    assert trainer.global_step == 8 and counted.steps == [5, 6, 7, 8]  # went on from step 4

@@ -1,0 +1,41 @@
+"""The save request's rules without a job (guards/save.py); with real jobs: tests/job/test_checkpoint_handoff.py."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from podguard.guards.save import SaveBeforeStop, SaveSettings, whole_keys
+from podguard.guards.watch import Trip
+from podguard.job.restarts import made_progress
+
+
+class NoSupervisor:
+    """A supervisor that must not be used: a hung job is not asked to save."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the supervisor was used ({name}) for a hung job")
+
+
+def test_a_hung_job_gets_no_save_request(tmp_path):
+    save = SaveBeforeStop(SaveSettings(int(signal.SIGUSR1), 60.0, tmp_path), hung=lambda: True)
+    assert save.start(NoSupervisor(), done=lambda note: None) is False  # type: ignore[arg-type]
+    assert save.note == "no save request (SIGUSR1): the job is hung and cannot save"
+    assert not save.waiting
+
+
+def test_the_guard_line_says_whether_it_saved():
+    trip = Trip("--max-runtime", "the job has run 2s (limit 2s)")
+    assert trip.message == "billing guard --max-runtime: the job has run 2s (limit 2s)"
+    saved = Trip(trip.guard, trip.detail, saved="saved checkpoint /c/step-9 (step 9) in 1s")
+    assert saved.message.endswith("; saved checkpoint /c/step-9 (step 9) in 1s")
+
+
+def test_a_missing_directory_has_no_checkpoints(tmp_path):
+    assert whole_keys(tmp_path / "not-yet") == {}
+
+
+@pytest.mark.parametrize(("saved", "progress"), [(True, True), (False, False)])
+def test_a_new_checkpoint_is_progress_for_the_crash_loop_rule(saved, progress):
+    assert made_progress(matched=False, beating=False, watched=True, duration_s=1.0, saved=saved) is progress

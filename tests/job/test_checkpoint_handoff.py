@@ -1,0 +1,268 @@
+"""End to end, issue 25: `--checkpoints` hands each attempt the newest whole checkpoint, a new checkpoint is
+progress for the crash-loop rule, and `--save-signal` asks the job to save before a billing guard ends it.
+`podguard run` as a real subprocess on the fake node; the jobs write folders with a COMPLETED marker."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobproc import PODGUARD, run_podguard, script
+from podguard.outcome_lines import newest_checkpoint
+
+pytestmark = pytest.mark.slow
+
+SAVE = """
+def save(step):
+    ck = CKPT / f"step-{step}"
+    ck.mkdir(parents=True)
+    (ck / "state.dat").write_text(str(step))
+    (ck / "COMPLETED").write_text("")
+"""
+
+
+@pytest.fixture
+def node(cli_node):
+    return cli_node
+
+
+def said(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout + proc.stderr
+
+
+def end_line(text: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if re.match(r"^podguard (train|run): END ", ln)]
+    return line
+
+
+def job(tmp_path: Path, name: str, body: str) -> str:
+    head = "import os, signal, sys, time, pathlib\nCKPT = pathlib.Path(sys.argv[1])\n"
+    return script(tmp_path, name, head + SAVE + body)
+
+
+def test_a_crash_after_a_save_resumes_from_it_and_the_lines_name_the_checkpoints(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(
+        tmp_path,
+        "crashes_once.py",
+        """
+print("resume", os.environ.get("PODGUARD_RESUME_FROM"), os.environ.get("PODGUARD_RESUME_STEP"), flush=True)
+step = int(os.environ.get("PODGUARD_RESUME_STEP", "0")) + 10
+save(step)
+sys.exit(0 if step >= 20 else 3)
+""",
+    )
+    proc = run_podguard(
+        node, ["run", "--checkpoints", str(ckpt), "--restarts", "2", "--", sys.executable, path, str(ckpt)], cpu=True
+    )
+    out = said(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("resume")] == [
+        "resume None None",
+        f"resume {ckpt / 'step-10'} 10",
+    ]
+    assert f"podguard: no checkpoint yet in {ckpt}" in out
+    assert re.search(
+        rf"podguard: resuming from {re.escape(str(ckpt / 'step-10'))} \(step 10, written \d+(\.\d+)?s ago\)", out
+    )
+    restart = next(ln for ln in out.splitlines() if "RESTART 1 of 2" in ln)
+    assert re.search(
+        rf"newest checkpoint {re.escape(str(ckpt / 'step-10'))} \(step 10, written \S+Z\); started from scratch$",
+        restart,
+    )
+    end = end_line(out)
+    assert end.startswith(
+        f"podguard run: END success exit 0 after 2 attempt(s): newest checkpoint {ckpt / 'step-20'} (step 20, written "
+    )
+    assert end.endswith(f"; started from {ckpt / 'step-10'}")
+    parsed = newest_checkpoint(end)  # as `pod keep` reads it for its notifications
+    assert parsed is not None and (parsed.path, parsed.step) == (str(ckpt / "step-20"), 20)
+    assert abs(parsed.written - (ckpt / "step-20").stat().st_mtime) < 2
+    (record,) = (tmp_path / "state" / "jobs").glob("*.json")  # the job record names them too
+    first, second = [run["detail"] for run in json.loads(record.read_text())["history"]]
+    assert first.startswith(f"newest checkpoint {ckpt / 'step-10'} (step 10, written ")
+    assert "; started from scratch" in first
+    assert f"started from {ckpt / 'step-10'}" in second
+    runs = sorted((tmp_path / "state" / "runs").iterdir())
+    assert json.loads((runs[1] / "checkpoints.json").read_text())["started_from"]["step"] == 10
+
+
+def test_a_job_that_saves_then_crashes_three_times_is_not_a_crash_loop(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(
+        tmp_path,
+        "saves_and_crashes.py",
+        """
+step = int(os.environ.get("PODGUARD_RESUME_STEP", "0")) + 1
+save(step)
+sys.exit(5)
+""",
+    )
+    proc = run_podguard(
+        node, ["run", "--checkpoints", str(ckpt), "--restarts", "3", "--", sys.executable, path, str(ckpt)], cpu=True
+    )
+    out = said(proc)
+    assert proc.returncode == 5, out[-3000:]
+    assert "crash loop" not in out
+    assert "not restarting: all 3 restart(s) used (--restarts 3)" in out
+    assert end_line(out).startswith("podguard run: END failed exit 5 after 4 attempt(s): newest checkpoint")
+    # and without the saves, the same crashes are a crash loop
+    plain = script(tmp_path, "crashes.py", "import sys\nsys.exit(5)\n")
+    proc = run_podguard(
+        node, ["run", "--checkpoints", str(tmp_path / "none"), "--restarts", "3", "--", sys.executable, plain], cpu=True
+    )
+    assert "crash loop: 3 attempts in a row failed the same way" in said(proc)
+
+
+SAVES_ON_SIGNAL = """
+def on_signal(*_):
+    save(99)
+    print("saved on the signal", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_signal)
+print("training", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+IGNORES_SIGNAL = """
+signal.signal(signal.SIGUSR1, lambda *_: print("ignoring the save request", flush=True))
+print("training", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_max_runtime_with_save_signal_saves_then_ends_within_the_grace(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "saves.py", SAVES_ON_SIGNAL)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "2s", "--save-grace", "20s"]
+    t0 = time.monotonic()
+    proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
+    took = time.monotonic() - t0
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    assert "saved on the signal" in out and (ckpt / "step-99" / "COMPLETED").exists()
+    assert "asking the job to save before it is stopped: SIGUSR1 to 1 process(es)" in out
+    guard = next(ln for ln in out.splitlines() if "not inside a RunPod pod" in ln)
+    assert f"saved checkpoint {ckpt / 'step-99'} (step 99)" in guard
+    assert end_line(out).startswith(
+        f"podguard run: END guard exit 124 after 1 attempt(s): newest checkpoint {ckpt / 'step-99'}"
+    )
+    assert took < 15
+
+
+def test_a_job_that_ignores_the_save_signal_is_ended_after_the_grace(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "ignores.py", IGNORES_SIGNAL)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "SIGUSR1", "--max-runtime", "1s", "--save-grace", "2s"]
+    t0 = time.monotonic()
+    proc = run_podguard(node, [*args, "--grace", "1", "--", sys.executable, path, str(ckpt)], cpu=True)
+    took = time.monotonic() - t0
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    assert "ignoring the save request" in out
+    assert "no new whole checkpoint within the 2s save grace" in out
+    assert 3 <= took < 20
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--save-signal", "KILL"], {}, "--save-signal='KILL' is not valid"),
+        (["--save-signal", "USR9"], {}, "--save-signal='USR9' is not valid"),
+        ([], {"PODGUARD_SAVE_SIGNAL": "bogus"}, "--save-signal='bogus' is not valid"),
+        (["--save-grace", "0"], {}, "--save-grace='0' is not valid"),
+        (["--save-grace", "soon"], {}, "--save-grace='soon' is not a duration"),
+        (["--save-signal", "USR1", "--no-ckpt"], {}, "--save-signal needs --checkpoints DIR"),
+        (["--checkpoints", "FILE"], {}, "is not a folder"),
+    ],
+)
+def test_bad_values_are_64_before_anything_runs(node, tmp_path, args, env, needle):
+    marker = tmp_path / "ran"
+    (tmp_path / "file").write_text("")
+    args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    if "--no-ckpt" in args:
+        args.remove("--no-ckpt")
+    elif "--checkpoints" not in args:
+        args = ["--checkpoints", str(tmp_path / "ckpt"), *args]
+    proc = run_podguard(node, ["run", *args, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"], env=env)
+    assert proc.returncode == 64, said(proc)
+    assert needle in said(proc) and "Traceback" not in said(proc)
+    assert not marker.exists() and not (tmp_path / "state" / "runs").exists()
+
+
+TORCHRUN_SAVES = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+def on_signal(*_):
+    if rank == 0:
+        save(42)
+    print(f"rank {rank} saved on the signal", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_signal)
+print(f"rank {rank} training", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_in_torchrun_mode_the_ranks_get_the_save_signal_and_torchrun_survives_it(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "ddp.py", TORCHRUN_SAVES)
+    args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--checkpoints", str(ckpt), "--save-signal", "USR1"]
+    args += ["--max-runtime", "6s", "--grace", "2"]
+    proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    assert "SIGUSR1 to 2 process(es)" in out
+    assert "rank 0 saved on the signal" in out and "rank 1 saved on the signal" in out
+    assert f"saved checkpoint {ckpt / 'step-42'} (step 42)" in out
+
+
+def test_runpods_sigterm_is_forwarded_at_once_without_a_save_request(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(
+        tmp_path,
+        "term.py",
+        """
+signal.signal(signal.SIGUSR1, lambda *_: print("save request", flush=True))
+def on_term(*_):
+    print("got SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print("training", flush=True)
+while True:
+    time.sleep(0.05)
+""",
+    )
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1h"]
+    env = {**node.env, "LD_LIBRARY_PATH": ""}
+    with subprocess.Popen(
+        [*PODGUARD, *args, "--", sys.executable, "-u", path, str(ckpt)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "training":
+                break
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    out = "".join(lines) + rest
+    assert "got SIGTERM" in out and "save request" not in out and "asking the job to save" not in out
+    assert took < 5

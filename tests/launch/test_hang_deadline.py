@@ -1,0 +1,113 @@
+"""A hung job always ends (issue 23, item 5): within --hang-timeout + 60 s whatever collecting the evidence does.
+
+py-spy stand-ins that cannot be ended: one blocked in the kernel on a FUSE file that never answers (it outlives
+SIGKILL in uninterruptible sleep, as a process stuck in the GPU driver does; needs root and /dev/fuse), and one
+that ignores SIGTERM and sleeps. PODGUARD_HANG_END_S=10 shortens the 60 s (a documented test knob): the job
+must be over within --hang-timeout + 10 s of its last line, and nothing of it left running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fuse_stall import StallFs
+
+from jobproc import PODGUARD, script
+
+pytestmark = pytest.mark.slow
+
+HANG_TIMEOUT_S = 2
+END_S = 10
+JOB = """
+    import os, pathlib, time
+    pathlib.Path(os.environ["PIDFILE"]).write_text(str(os.getpid()))
+    print("ready", flush=True)
+    time.sleep(3600)
+    """
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _with_cmdline(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in entry.joinpath("cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return [p for p in found if _running(p)]
+
+
+def _run_hung_job(node, tmp_path: Path, py_spy: Path) -> tuple[int, str, float, int]:
+    job = script(tmp_path, "stuck.py", JOB)
+    env = {
+        **node.env, "LD_LIBRARY_PATH": "", "PODGUARD_PY_SPY": str(py_spy), "PODGUARD_HANG_END_S": str(END_S),
+        "PIDFILE": str(tmp_path / "pid"),
+    }  # fmt: skip
+    args = ["run", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", "1", "--", sys.executable, job]
+    proc = subprocess.Popen(
+        [*PODGUARD, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "ready":
+                break
+        last_line = time.monotonic()
+        out, _ = proc.communicate(timeout=60)  # the old code waited for py-spy forever (FUSE) or 10 s + more
+        ended = time.monotonic() - last_line
+    finally:
+        proc.kill()
+        proc.communicate()
+    return proc.returncode, "".join(lines) + out, ended, int((tmp_path / "pid").read_text())
+
+
+def test_a_py_spy_blocked_in_the_kernel_does_not_keep_a_hung_job_running(cli_node, tmp_path):
+    if not StallFs.available():
+        pytest.skip("needs root and /dev/fuse (a FUSE file that never answers)")
+    with StallFs(tmp_path / "mnt") as fs:
+        fake = tmp_path / "py-spy"
+        fake.write_text(f"#!/bin/sh\nexec cat {fs.file}\n")
+        fake.chmod(0o755)
+        code, out, ended, pid = _run_hung_job(cli_node, tmp_path, fake)
+        assert fs.reads >= 1  # py-spy really blocked in the kernel
+    assert code == 79, out[-3000:]
+    assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]
+    assert "evidence incomplete after" in out and "taking the stacks of 1 process(es) with py-spy" in out
+    assert not _running(pid)  # the job is gone
+    deadline = time.monotonic() + 5
+    while _with_cmdline(str(fs.file)) and time.monotonic() < deadline:  # py-spy goes once the kernel lets it
+        time.sleep(0.05)
+    assert _with_cmdline(str(fs.file)) == []
+
+
+def test_a_py_spy_that_ignores_sigterm_does_not_delay_the_end(cli_node, tmp_path):
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!{sys.executable}\nimport signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "time.sleep(3600)\n")  # fmt: skip
+    fake.chmod(0o755)
+    code, out, ended, pid = _run_hung_job(cli_node, tmp_path, fake)
+    assert code == 79, out[-3000:]
+    assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]  # was: py-spy's own 10 s timeout, then the rest
+    assert not _running(pid)
+    deadline = time.monotonic() + 5
+    while _with_cmdline(str(fake)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _with_cmdline(str(fake)) == [], "the stand-in py-spy was left running"
+    assert os.path.exists(fake)

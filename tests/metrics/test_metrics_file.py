@@ -1,0 +1,81 @@
+"""`--metrics-file` and restarts: the textfile node_exporter reads, and the series a relaunch moves.
+
+Why: node_exporter's textfile collector reads the file whenever it is scraped; a half-written file is a scrape
+error or, worse, series that vanish for one scrape. A reader loop here reads the file as fast as it can while
+podguard rewrites it every 50 ms (PODGUARD_METRICS_INTERVAL) and must only ever see whole files. Across `--restarts`
+the attempt and restart series move and the counters never go down, though each attempt's heartbeat board starts
+again from zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+
+from metrics_support import by, free_port, job, parse, start, try_scrape, values, wait_for
+
+FAST_FILE = {"PODGUARD_METRICS_INTERVAL": "0.05"}
+
+
+def test_the_file_is_never_seen_half_written_and_keeps_its_last_values(cli_node, tmp_path):
+    script, stop = job(tmp_path)
+    path = tmp_path / "textfile" / "podguard.prom"
+    path.parent.mkdir()
+    seen: list[str] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                seen.append(path.read_text())
+            time.sleep(0.001)  # (a reader, not a spinner: the GIL and the 2 cores are shared with podguard)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    args = ["train", "--mode", "per-gpu", "--gpu-list", "0,1", "--metrics-file", str(path)]
+    proc = start(cli_node, [*args, "--", sys.executable, script, str(stop)], **FAST_FILE)
+    thread.start()
+    try:
+        wait_for(lambda: path.exists() and "podguard_rank_heartbeats_total" in path.read_text(), "beats", proc=proc)
+        time.sleep(1.0)  # ~20 rewrites under the reader
+    finally:
+        stop.touch()
+    _, err = proc.communicate(timeout=60)
+    done.set()
+    thread.join()
+    assert proc.returncode == 0, err
+
+    assert len(seen) > 20
+    for text in seen:  # every read is a whole exposition: it parses and ends with the last series
+        families = parse(text)
+        assert text.endswith("\n") and "podguard_job_restarts" in families, text[-300:]
+    last = parse(path.read_text())  # stays after the run, with the attempt's last heartbeats
+    assert values(last["podguard_up"]) == {(): 1.0} and values(last["podguard_job_attempt"]) == {(): 1.0}
+    assert set(by(last["podguard_rank_heartbeats"], "rank")) == {"0", "1"}
+    assert [p.name for p in path.parent.iterdir()] == ["podguard.prom"]  # no temporary file left behind
+
+
+def test_restarts_move_the_attempt_and_restart_series_and_counters_never_go_down(cli_node, tmp_path):
+    script, stop = job(tmp_path)
+    port, path = free_port(), tmp_path / "podguard.prom"
+    args = ["train", "--mode", "per-gpu", "--gpu-list", "0", "--restarts", "2", "--metrics-port", str(port)]
+    proc = start(cli_node, [*args, "--metrics-file", str(path), "--", sys.executable, script, str(stop), "crash", "5"])
+    scrapes = []
+    while proc.poll() is None:  # a scrape every 50 ms through all three attempts
+        if (families := try_scrape(port)) is not None:
+            scrapes.append(families)
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.count("RESTART") == 2
+
+    attempts = [values(f["podguard_job_attempt"])[()] for f in scrapes]
+    assert {1.0, 2.0, 3.0} <= set(attempts) and attempts == sorted(attempts)
+    for name in ("podguard_job_restarts", "podguard_rank_heartbeats"):
+        series = [sum(values(f[name]).values()) for f in scrapes if name in f]
+        assert series == sorted(series), f"{name} went down: {series}"
+    final = parse(path.read_text())
+    assert values(final["podguard_job_attempt"]) == {(): 3.0}
+    assert values(final["podguard_job_restarts"]) == {(): 2.0}
+    assert by(final["podguard_rank_heartbeats"], "rank") == {"0": 15.0}  # 5 per attempt, each board from zero

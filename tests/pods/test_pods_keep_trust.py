@@ -1,0 +1,324 @@
+"""`pod keep` the way real nights go (PRODUCT.md, "The user's hand wins, and nothing is left billing"): a 502 at
+the wrong moment, a keeper killed between two steps, a second actor, a user who changes their mind, a slow image
+pull, a webhook that never answers, a resumed pod without GPUs. The real CLI as a process against the stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from keep_support import (
+    events,
+    finish,
+    inside_keeper,
+    keep,
+    live_pod,
+    live_pods,
+    maintenance,
+    passes,
+    say_end,
+    state,
+    wait_event,
+    wait_for,
+)
+from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
+
+NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
+
+
+@pytest.fixture
+def spec(tmp_path):
+    return write_spec(tmp_path / "pod.toml", NETWORK)
+
+
+@pytest.fixture
+def bare_spec(tmp_path):
+    return write_spec(tmp_path / "bare.toml", A40_SPEC)
+
+
+def actions(standin, pod_id: str = "") -> list[str]:  # noqa: F811
+    return [json.loads(c.body)["action"] for c in standin.calls("POST", rf"{pod_id}/action$")]
+
+
+def creates(standin, name: str = "trainer") -> list[dict]:  # noqa: F811
+    return [b for b in (json.loads(c.body) for c in standin.calls("POST", r"^/v2/pods$")) if b["name"] == name]
+
+
+# -- 1. "done" only once the stop is confirmed ---------------------------------------------------------------------
+def test_a_stop_answered_502_after_success_is_retried_at_the_next_poll(standin, spec, tmp_path):  # noqa: F811
+    proc = keep(spec, "--retry-for", "0")
+    passes(tmp_path)
+    pod = live_pod(standin.world)
+    standin.fault("POST", r"/action$", "html502", times=3)  # an outage longer than --retry-for, at the worst moment
+    say_end(standin.world, pod, "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert pod.status == "EXITED" and state(tmp_path)["phase"] == "done"
+    assert "the API does not answer" in err and "the job succeeded" in err
+    assert len([e for e in events(tmp_path) if e["event"] == "end" and "the job succeeded" in e["text"]]) == 1
+
+
+def test_a_deployed_keeper_whose_stop_fails_still_stops_the_pod(standin, spec, tmp_path):  # noqa: F811
+    def job() -> None:
+        passes(tmp_path)
+        standin.fault("POST", r"/action$", "html502", times=3, body_contains="stop")
+        say_end(standin.world, live_pod(standin.world), "success", 0)
+
+    threading.Thread(target=job, daemon=True).start()
+    keeper_id, proc = inside_keeper(standin, spec, {"PODGUARD_RETRY_FOR": "0"})
+    assert proc.returncode == 0, proc.stderr
+    (pod,) = [p for p in standin.world.pods.values() if p.name == "trainer"]
+    assert pod.status == "EXITED", proc.stderr  # not left billing with nobody watching
+    assert standin.world.pods[keeper_id].status == "TERMINATED"
+
+
+def test_a_deployed_keeper_killed_between_the_decision_and_the_stop_makes_the_stop_when_restarted(
+    standin,  # noqa: F811
+    spec,
+    tmp_path,
+):
+    keeper_id, proc = inside_keeper(standin, spec, {}, popen=True)
+    passes(tmp_path)
+    pod = live_pod(standin.world)
+    standin.fault("POST", rf"{pod.id}/action$", "drop", times=10_000)  # the stop never goes through
+    say_end(standin.world, pod, "success", 0)
+    wait_for(lambda: actions(standin, pod.id), what="the stop request")
+    assert state(tmp_path)["phase"] == "ending"  # the decision is recorded; "done" waits for the stop
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    standin.faults.clear()
+    assert pod.status == "RUNNING"
+    _, again = inside_keeper(standin, spec, {})  # RunPod restarts the keeper's container
+    assert again.returncode == 0, again.stderr
+    assert pod.status == "EXITED" and state(tmp_path)["phase"] == "done"
+    assert standin.world.pods[keeper_id].status == "TERMINATED"
+    assert len(creates(standin)) == 1
+
+
+# -- 2. never two pods of one name, whoever made the other -------------------------------------------------------
+def test_a_pod_of_the_name_made_by_another_actor_is_adopted_not_duplicated(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec, "--notify", "http://127.0.0.1:9/hook")
+    passes(tmp_path)
+    old = live_pod(world)
+    other = world.create(  # e.g. `pod heal --replace` from another machine, or the in-pod self-heal
+        {
+            "name": "trainer",
+            "image": old.image,
+            "args": old.args,
+            "gpu": {"id": "NVIDIA A40", "count": 2},
+            "mounts": old.mounts,
+            "dataCenterIds": [old.machine.dc],
+        }
+    )
+    world.set_error(old.id)
+    passes(tmp_path, 2)
+    assert live_pods(world) == [other] and old.status == "TERMINATED"
+    assert len(creates(standin)) == 1  # the keeper's own first pod only
+    (adopted,) = wait_event(tmp_path, "adopted")
+    assert "made by someone else" in adopted["text"] and "adopted, not duplicated" in adopted["text"]
+    say_end(world, other, "success", 0)
+    assert finish(proc)[0] == 0
+
+
+def test_two_keepers_in_two_state_dirs_and_an_error_leave_one_pod(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    second_dir = tmp_path / "second"
+    first = keep(spec)
+    passes(tmp_path)
+    second = keep(spec, env={"PODGUARD_STATE_DIR": str(second_dir / "state")})
+    wait_event(second_dir, "up")
+    old = live_pod(world)
+    world.set_error(old.id)
+    passes(tmp_path, 2)
+    wait_for(lambda: len(live_pods(world)) == 1 and live_pods(world)[0].id != old.id, what="one replacement")
+    time.sleep(1.0)  # both keepers had their polls: still one pod
+    (new,) = live_pods(world)
+    assert state(tmp_path)["target_id"] == state(second_dir)["target_id"] == new.id
+    say_end(world, new, "success", 0)
+    assert finish(first)[0] == 0 and finish(second)[0] == 0
+    assert new.status == "EXITED"
+
+
+# -- 3 and 5. `pod down` and `pod stop` end the keepers first --------------------------------------------------------
+@pytest.mark.parametrize("command", ["down", "stop"])
+def test_pod_down_or_stop_during_a_capacity_wait_ends_the_keeper(standin, bare_spec, tmp_path, command):  # noqa: F811
+    world = standin.world
+    with world.lock:
+        saved = dict(world.capacity)
+        world.capacity.update({k: -100 for k in world.capacity})
+    proc = keep(bare_spec)
+    wait_event(tmp_path, "capacity")
+    done = pg(["pod", command, "trainer"])
+    assert done.returncode == 0, done.stderr
+    assert "ending the keeper of trainer" in done.stderr
+    code, _, err = finish(proc)
+    assert code == 128 + signal.SIGTERM, err
+    tries = len(creates(standin))  # the creates refused for capacity
+    with world.lock:
+        world.capacity.update(saved)
+    time.sleep(1.0)
+    assert len(creates(standin)) == tries and not live_pods(world)
+    assert state(tmp_path)["outcome"] == ("down" if command == "down" else "stopped")
+
+
+def test_pod_stop_of_a_kept_pod_ends_its_keeper_and_pod_start_says_nothing_keeps_it(standin, spec, tmp_path):  # noqa: F811
+    proc = keep(spec)
+    passes(tmp_path)
+    pod = live_pod(standin.world)
+    stopped = pg(["pod", "stop", "trainer"])
+    assert stopped.returncode == 0, stopped.stderr
+    assert "ending the keeper of trainer" in stopped.stderr and "no longer kept" in stopped.stderr
+    assert finish(proc)[0] == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    assert pod.status == "EXITED" and actions(standin) == ["stop"]  # not started again behind the user's back
+    started = pg(["pod", "start", "trainer"])
+    assert started.returncode == 0, started.stderr
+    assert "nothing keeps it now" in started.stderr and "podguard pod keep --spec" in started.stderr
+
+
+def test_pod_down_with_no_pod_yet_terminates_the_keeper_pod(standin, spec, tmp_path):  # noqa: F811
+    assert pg(["pod", "keep", "--spec", str(spec), "--deploy"]).returncode == 0
+    (keeper,) = live_pods(standin.world, "trainer-keeper")
+    down = pg(["pod", "down", "trainer"])  # the keeper pod waits for capacity: no pod of the name exists
+    assert down.returncode == 0, down.stderr
+    assert keeper.status == "TERMINATED" and "its keeper was ended" in down.stderr
+
+
+# -- 4. a slow boot is not a lost host -------------------------------------------------------------------------------
+def test_provisioning_longer_than_the_silence_is_not_a_lost_host(standin, spec, tmp_path):  # noqa: F811
+    standin.world.timing.provision_s = 2.5  # the image pull takes longer than the (shortened) 15-minute silence
+    proc = keep(spec)
+    wait_event(tmp_path, "verdict", text="PASS", timeout=30)
+    assert len(creates(standin)) == 1 and not [e for e in events(tmp_path) if e["event"] == "recovery"]
+    say_end(standin.world, live_pod(standin.world), "success", 0)
+    assert finish(proc)[0] == 0
+
+
+def test_a_pod_that_never_starts_is_replaced_after_the_ready_timeout(standin, tmp_path):  # noqa: F811
+    spec = write_spec(tmp_path / "pod.toml", NETWORK.replace("timeout_s = 30", "timeout_s = 2"))
+    world = standin.world
+    world.timing.provision_s = 60.0
+    proc = keep(spec)
+    wait_for(lambda: creates(standin), what="the first create")
+    world.timing.provision_s = 0.05  # the replacement boots at once
+    (recovery,) = wait_event(tmp_path, "recovery", timeout=30)
+    assert "did not start within 2s ([ready] timeout_s): still PROVISIONING" in recovery["text"]
+    passes(tmp_path)
+    say_end(world, live_pod(world), "success", 0)
+    assert finish(proc)[0] == 0
+    assert len(creates(standin)) == 2
+
+
+# -- 6. a keeper pod that cannot start stops itself -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"PODGUARD_POLL": "0"}, "--poll 0 is not valid"),
+        ({"PODGUARD_MAX_RECOVERIES": "two"}, "--max-recoveries 'two' is not valid"),
+        ({"PODGUARD_NOTIFY": "{{ RUNPOD_SECRET_hook }}"}, "RunPod did not fill in that secret"),
+    ],
+)
+def test_a_keeper_pod_with_a_bad_option_or_an_unfilled_secret_stops_itself(standin, spec, tmp_path, env, says):  # noqa: F811
+    keeper_id, proc = inside_keeper(standin, spec, {**env, "PODGUARD_KEEP_PARK_S": "20"})
+    assert proc.returncode == 64, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert standin.world.pods[keeper_id].status == "EXITED"  # stopped: no crash loop, its log says why
+    assert creates(standin) == []
+
+
+# -- 7. a webhook that never answers ------------------------------------------------------------------------------
+class SilentHook:
+    """A webhook that reads each post and never answers."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hook.bodies.append(json.loads(raw))
+                hook.release.wait(30)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_end_message_is_tried_even_when_the_webhook_never_answers(standin, spec, tmp_path):  # noqa: F811
+    hook = SilentHook()
+    try:
+        proc = keep(spec, "--notify", hook.url, env={"PODGUARD_KEEP_NOTIFY_S": "1"})
+        passes(tmp_path)
+        pod = live_pod(standin.world)
+        maintenance(standin.world, pod)  # a recovery message: its post hangs
+        passes(tmp_path, 2)
+        say_end(standin.world, pod, "success", 0)
+        ended = time.monotonic()
+        code, _, err = finish(proc)
+        took = time.monotonic() - ended
+        assert code == 0, err
+        assert any("the job succeeded" in b["text"] for b in hook.bodies), hook.bodies
+        assert took < 6.0, f"{took:.1f}s"
+    finally:
+        hook.close()
+
+
+# -- a resumed pod without GPUs is the host's problem ------------------------------------------------------------------
+def test_a_pod_resumed_with_zero_gpus_is_replaced(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    old = live_pod(world)
+    world.gpus_on_start = 0  # RunPod resumes it on a host whose GPUs were rented meanwhile
+    maintenance(world, old)
+    wait_event(tmp_path, "recovery", 2)
+    world.gpus_on_start = None
+    passes(tmp_path, 2)
+    new = live_pod(world)
+    assert new.id != old.id and new.gpu_count == 2
+    replace = wait_event(tmp_path, "recovery", 2)[1]["text"]
+    assert "GPU" in replace and "the host, not the job" in replace, replace
+    say_end(world, new, "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0, err
+
+
+# -- notifications name the checkpoint the job comes back from ---------------------------------------------------------
+def test_a_recovery_notification_names_the_checkpoint_and_its_age(standin, spec, tmp_path):  # noqa: F811
+    from hook_support import Hook
+
+    written = datetime.fromtimestamp(time.time() - 14 * 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with Hook() as hook:
+        proc = keep(spec, "--notify", hook.url)
+        passes(tmp_path)
+        pod = live_pod(standin.world)
+        detail = f"received SIGTERM; newest checkpoint /workspace/ckpt/checkpoint-1200 (step 1200, written {written})"
+        say_end(standin.world, pod, "signal", 143, detail=detail)
+        time.sleep(0.05)
+        standin.world.act(pod.id, "stop")
+        passes(tmp_path, 2)
+        say_end(standin.world, pod, "success", 0)
+        assert finish(proc)[0] == 0
+        posts = wait_for(lambda: hook.bodies if len(hook.bodies) >= 2 else None, what="two posts")
+    recovery = posts[0]["text"]
+    assert "comes back from checkpoint-1200 (step 1200), work since 14m" in recovery, recovery
+    assert "checkpoint" not in posts[-1]["text"]

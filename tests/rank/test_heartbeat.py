@@ -1,0 +1,148 @@
+"""heartbeat() and its board (issue 23, items 8, 9, 13): no system call per call, a board in /dev/shm sized for
+every rank that can appear, and a place that cannot take it (full, read-only) is a warning, never a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import podguard.rank.progress as hb
+from podguard.launch.watch.board import MIN_SLOTS, place_board, remove_board
+from podguard.rank.progress import create_board, read_board
+
+
+@pytest.fixture
+def board_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    board = create_board(tmp_path / "hb", 4)
+    monkeypatch.setenv(hb.ENV_FILE, str(board))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    hb._reset_for_tests()
+    yield board
+    hb._reset_for_tests()
+
+
+def test_heartbeat_asks_the_kernel_for_its_pid_once_not_per_call(board_env: Path, monkeypatch: pytest.MonkeyPatch):
+    calls = []
+    real = os.getpid
+
+    def counting() -> int:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(os, "getpid", counting)
+    for step in range(1000):
+        hb.heartbeat(step)
+    assert len(calls) <= 1  # was one getpid() per call: 1000
+    assert read_board(board_env)[1].pid == real() and read_board(board_env)[1].count == 1000
+
+
+def test_a_forked_child_beats_with_its_own_pid(board_env: Path):
+    hb.heartbeat(1)  # the parent opened the board (and read its pid) before the fork
+    pid = os.fork()
+    if pid == 0:  # the child: one beat, then out without pytest's cleanup
+        hb.heartbeat(2)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    beat = read_board(board_env)[1]
+    assert (beat.step, beat.pid) == (2, pid)
+
+
+def test_the_board_has_a_slot_for_every_local_rank_whatever_was_asked(tmp_path: Path):
+    placed = place_board("t1", slots=1, shm=tmp_path / "shm-missing", fallbacks=(tmp_path,))
+    assert placed.path is not None
+    code = "from podguard.rank import heartbeat\nfor s in range(3): heartbeat(s)\n"
+    for rank in (0, 1, 7, MIN_SLOTS - 1):  # CPU torchrun's 2 workers on 0 GPUs, launchers' own ranks
+        env = {"PATH": "/usr/bin:/bin", hb.ENV_FILE: str(placed.path), "LOCAL_RANK": str(rank)}
+        env["PYTHONPATH"] = os.pathsep.join(sys.path)
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert sorted(read_board(placed.path)) == [0, 1, 7, MIN_SLOTS - 1]  # none dropped (was: only slot 0)
+    remove_board(placed)
+    assert not placed.path.exists()
+
+
+def test_the_board_is_in_dev_shm_never_in_the_state_dir(tmp_path: Path):
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    placed = place_board("t2", slots=2, fallbacks=(tmp_path / "run",))
+    try:
+        assert placed.path == Path("/dev/shm/podguard-hb-t2") and placed.in_memory and not placed.warnings
+        assert placed.path.stat().st_size == 64 + 32 * MIN_SLOTS
+    finally:
+        remove_board(placed)
+
+
+@pytest.fixture
+def full_dir(tmp_path: Path) -> Iterator[Path]:
+    """A tiny tmpfs filled to the last block (root only; skipped where it cannot be mounted)."""
+    path = tmp_path / "full"
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        fd = os.open(path / "fill", os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError):
+                while True:
+                    os.write(fd, b"\0" * 4096)
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_full_dev_shm_falls_back_to_the_run_dir_with_a_warning(tmp_path: Path, full_dir: Path):
+    placed = place_board("t3", slots=2, shm=full_dir, fallbacks=(tmp_path / "run",))
+    assert placed.path == tmp_path / "run" / "heartbeats" and not placed.in_memory
+    (warning,) = placed.warnings
+    assert f"cannot create the heartbeat board in {full_dir} (No space left on device)" in warning
+    assert "it is in" in warning and not (full_dir / "podguard-hb-t3").exists()
+
+
+def test_no_place_at_all_is_warnings_and_no_board_never_a_traceback(full_dir: Path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(full_dir))
+    placed = place_board("t4", slots=2, shm=full_dir, fallbacks=(full_dir / "run",))
+    assert placed.path is None
+    assert len(placed.warnings) == 4 and placed.warnings[-1].startswith("no heartbeat board")
+
+
+SPAWN_BEATS = """
+import datetime, os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from podguard.rank import heartbeat
+
+def rank_main(rank, world):
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    for step in range(3 + rank):
+        heartbeat(step)
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(2,), nprocs=2)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_ranks_that_mp_spawn_starts_beat_into_their_own_slots(tmp_path: Path):
+    """mp.spawn's ranks have no LOCAL_RANK or RANK: each used slot 0 (one rank's beats hid the other's)."""
+    from loopback import free_port
+
+    board = create_board(tmp_path / "hb", 8)
+    job = tmp_path / "spawn_beats.py"
+    job.write_text(SPAWN_BEATS)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", hb.ENV_SLOT)}
+    env.update({hb.ENV_FILE: str(board), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, str(job)], env=env, check=True, timeout=120)
+    beats = read_board(board)
+    assert {s: (b.count, b.rank) for s, b in beats.items()} == {0: (3, 0), 1: (4, 1)}
