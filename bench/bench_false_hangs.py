@@ -83,16 +83,21 @@ for i in range(16):
     heartbeat(i)
 """
 MULTINODE_RANK0 = """
-import datetime, os, time
-import torch, torch.distributed as dist
+import datetime, os, threading, time
 rank = int(os.environ["RANK"])
+loaded = threading.Event()
+def say_loading():  # rank 0 logs while it starts (imports, rendezvous), as HF does
+    while not loaded.wait(1.0):
+        print("rank 0 loading", flush=True)
 if rank == 0:
-    print("rank 0 starting", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
+import torch, torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+loaded.set()
 for step in range(20):
     dist.all_reduce(torch.ones(1))
     if rank == 0 and step % 4 == 0:
-        print(f"step {step}", flush=True)
+        print(f"step {step}", flush=True)  # only global rank 0 logs, every 2 s
     time.sleep(0.5)
 """
 
@@ -138,17 +143,24 @@ def _multinode(tmp: Path) -> list[int]:
     script = _script(tmp, "mn.py", MULTINODE_RANK0)
     port = free_port_pair()
     args = ["train", "--mode", "torchrun", "--grace", "2", "--hang-timeout", "7", "--", PY, script]
+    logs = [(tmp / f"node{rank}.out").open("w") for rank in (0, 1)]
     procs = [
         subprocess.Popen(
             [*PODGUARD, *args],
             env=cluster_node_env(tmp, rank, port),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=logs[rank],
+            stderr=subprocess.STDOUT,
         )
         for rank in (0, 1)
     ]
-    return [proc.wait(timeout=300) for proc in procs]
+    codes = [proc.wait(timeout=300) for proc in procs]
+    for rank, log in enumerate(logs):
+        log.close()
+        if codes[rank] == HUNG:  # say why, for the reader of the table
+            hung = [ln for ln in (tmp / f"node{rank}.out").read_text().splitlines() if "HUNG" in ln]
+            print(f"multinode node {rank}: {hung[:1]}", file=sys.stderr)
+    return codes
 
 
 def _run(*args: str, script: str = "", native: bool = False, **env: str) -> Callable[[Path], list[int]]:

@@ -48,9 +48,10 @@ while True:
 
 def render_ms(rounds: int = 500) -> tuple[float, int]:
     """(median ms per render of a full 8-GPU, 8-rank snapshot, its size in bytes)."""
+    from podguard.guards.budget import Budget, Meter
     from podguard.launch.watch.gpu_faults import GpuFault
     from podguard.metrics.exposition import render, snapshot_registry
-    from podguard.metrics.state import GpuRow, MetricsState, Price
+    from podguard.metrics.state import GpuRow, MetricsState
     from podguard.rank.progress import Beat
 
     state = MetricsState(version="0.1.0", mode="per-gpu", pod_id="abc123")
@@ -76,7 +77,7 @@ def render_ms(rounds: int = 500) -> tuple[float, int]:
 
     state.read_gpus(Gpus())  # type: ignore[arg-type]
     state.observe(runtime)  # type: ignore[arg-type]
-    state.set_price(Price(3.52, 3600.0, time.monotonic()))
+    state.set_price(Budget("pod1", (Meter("pod1", 3.52, 3600.0),), time.monotonic()))
     registry = snapshot_registry(state)
     size = len(render(registry))
     times = []

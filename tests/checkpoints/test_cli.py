@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import pytest
 import writers as w
 
 
@@ -52,3 +57,42 @@ def test_a_missing_dir_is_64_in_one_line(tmp_path):
         f"podguard: error: checkpoints DIR='{tmp_path / 'nope'}' does not exist; give the folder the job writes "
         "its checkpoints to"
     )
+
+
+@pytest.fixture
+def as_user(tmp_path):
+    """`podguard checkpoints` as an ordinary user (root reads everything: setpriv drops to nobody), in a folder
+    that user may walk to."""
+    if os.geteuid() != 0:
+        yield tmp_path, []
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make a folder unreadable")
+    root = Path(tempfile.mkdtemp(prefix="podguard-perm-"))
+    root.chmod(0o755)
+    try:
+        yield root, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    finally:
+        for p in [root, *root.rglob("*")]:
+            if not p.is_symlink():
+                p.chmod(0o755)
+        shutil.rmtree(root)
+
+
+def test_an_unreadable_checkpoint_is_named_and_an_unreadable_dir_is_64_in_one_line(as_user):
+    root, prefix = as_user
+    ckpt = root / "ckpt"
+    for step in (100, 200):
+        w.hf_checkpoint(ckpt, step)
+    for p in [ckpt, *ckpt.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    (ckpt / "checkpoint-200").chmod(0)
+    cli = [*prefix, sys.executable, "-m", "podguard", "checkpoints", str(ckpt)]
+    proc = subprocess.run(cli, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].endswith("no: checkpoint-200 cannot be read (Permission denied)")
+    assert proc.stdout.splitlines()[-1] == f"a restart would resume from {ckpt / 'checkpoint-100'} (*)"
+    ckpt.chmod(0)
+    proc = subprocess.run(cli, capture_output=True, text=True)
+    assert proc.returncode == 64 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"podguard: error: checkpoints DIR='{ckpt}' cannot be read (Permission denied)"

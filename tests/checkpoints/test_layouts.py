@@ -213,3 +213,77 @@ def test_nothing_under_dir_is_changed(tmp_path):
     assert json.loads(proc.stdout)["resume_from"] == str(tmp_path / "global_step6")
     assert _hashes(tmp_path) == before
     assert os.listdir(tmp_path)  # (the listing itself is unchanged: compared above)
+
+
+# -- found by review: each of these failed before its fix ---------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"])
+def test_hf_checkpoint_with_a_truncated_optimizer_or_rng_state_is_not_whole(tmp_path, cut):
+    """`resume_from_checkpoint` loads these too: a truncated one fails the resume like truncated weights."""
+    w.hf_checkpoint(tmp_path, 100)
+    newer = w.hf_checkpoint(tmp_path, 200)
+    w.truncate(newer / cut, 0.5)
+    f = find_checkpoints(tmp_path)
+    assert [c.name for c in f.skipped] == ["checkpoint-200"]
+    assert f.skipped[0].why == f"{cut}: its zip central directory does not read (cut short?)"
+    assert f.chosen is not None and f.chosen.name == "checkpoint-100"
+
+
+def test_dcp_folder_being_overwritten_in_place_is_not_whole(tmp_path):
+    """DCP keeps the old .metadata until finish() replaces it: shards newer than it are a save under way."""
+    folder = w.dcp_folder(tmp_path / "step_40")
+    assert only(tmp_path).whole
+    meta = (folder / ".metadata").stat().st_mtime
+    shard = next(folder.glob("*.distcp"))
+    os.utime(shard, (meta + 5, meta + 5))
+    assert only(tmp_path).why == "1 shard(s) newer than .metadata (a save into this folder is under way)"
+
+
+def test_lightning_last_ckpt_link_is_listed_once_as_its_target(tmp_path):
+    """ModelCheckpoint(save_last="link") makes last.ckpt a symlink to the newest checkpoint."""
+    w.torch_file(tmp_path / "epoch=0-step=10.ckpt")
+    (tmp_path / "last.ckpt").symlink_to("epoch=0-step=10.ckpt")
+    f = find_checkpoints(tmp_path)
+    assert [(c.name, c.step) for c in f.checkpoints] == [("epoch=0-step=10.ckpt", 10)]
+
+
+def test_symlink_loops_dangling_links_and_fifos_neither_hang_nor_crash(tmp_path):
+    w.torch_file(tmp_path / "step-1.pt")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "self").symlink_to(".")
+    (tmp_path / "step-9.pt").symlink_to("nowhere.pt")
+    os.mkfifo(tmp_path / "step-5.pt")  # opening a FIFO to read its header would block forever
+    (tmp_path / "checkpoint-7").mkdir()
+    (tmp_path / "checkpoint-7" / "up").symlink_to("..")
+    os.mkfifo(tmp_path / "checkpoint-7" / "trainer_state.json")
+    code = f"from podguard.checkpoints import find_checkpoints; print(find_checkpoints({str(tmp_path)!r}).chosen.name)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert proc.stdout.strip() == "step-1.pt", proc.stderr
+
+
+def test_a_few_bytes_short_is_said_in_bytes(tmp_path):
+    path = w.safetensors_file(tmp_path / "x.safetensors", size=1024)
+    size = path.stat().st_size
+    w.truncate(path, (size - 1) / size)
+    assert safetensors_why(str(path)) == f"x.safetensors is {size - 1:,} bytes of {size:,}"
+
+
+def _rchar() -> int:
+    with open("/proc/self/io", "rb", buffering=0) as f:
+        return int(f.read().split(b"rchar:")[1].split()[0])
+
+
+def test_a_restart_judges_only_until_the_newest_whole_checkpoint(tmp_path):
+    """A long run's trainer_state.json is megabytes of log_history: judging 1,000 of them would take seconds
+    before every attempt and on every poll of the save wait."""
+    for step in range(1, 21):
+        folder = w.hf_checkpoint(tmp_path, step)
+        log = [{"loss": 1.0, "step": i} for i in range(10_000)]  # ~200 KB
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": log}))
+    before = _rchar()
+    f = find_checkpoints(tmp_path, until_whole=True)
+    got = _rchar() - before
+    assert [c.name for c in f.checkpoints] == ["checkpoint-20"] and len(f.keys) == 20
+    assert got < 1_000_000  # one trainer_state.json (and headers), not twenty
+    assert len(find_checkpoints(tmp_path, skip=f.keys).checkpoints) == 0

@@ -48,7 +48,12 @@ def hf_checkpoint(root: Path, step: int, *, sharded: bool = False) -> Path:
     else:
         safetensors_file(folder / "model.safetensors")
     (folder / "config.json").write_text("{}")
+    (folder / "generation_config.json").write_text("{}")
+    # (transformers 5.x, as a tiny Trainer with save_steps lays it out: these, then trainer_state.json last)
     torch.save({"state": {}}, folder / "optimizer.pt")
+    torch.save({"last_epoch": step}, folder / "scheduler.pt")
+    torch.save({"python": 1, "numpy": 2, "cpu": torch.get_rng_state()}, folder / "rng_state.pth")
+    torch.save({"output_dir": str(root)}, folder / "training_args.bin")
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}, indent=2))
     return folder
 

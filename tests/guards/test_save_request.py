@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from podguard.guards.save import SaveBeforeStop, SaveSettings, whole_keys
+from podguard.guards.save import SaveBeforeStop, SaveSettings, listed_keys, newest_new
+from podguard.guards.targets import is_launcher
 from podguard.guards.watch import Trip
 from podguard.job.restarts import made_progress
 
@@ -33,9 +34,30 @@ def test_the_guard_line_says_whether_it_saved():
 
 
 def test_a_missing_directory_has_no_checkpoints(tmp_path):
-    assert whole_keys(tmp_path / "not-yet") == {}
+    assert listed_keys(tmp_path / "not-yet") == frozenset()
+    assert newest_new(tmp_path / "not-yet", frozenset()) is None
 
 
 @pytest.mark.parametrize(("saved", "progress"), [(True, True), (False, False)])
 def test_a_new_checkpoint_is_progress_for_the_crash_loop_rule(saved, progress):
     assert made_progress(matched=False, beating=False, watched=True, duration_s=1.0, saved=saved) is progress
+
+
+@pytest.mark.parametrize(
+    ("argv", "launcher"),
+    [
+        (["bash", "train.sh"], True),
+        (["/usr/local/bin/accelerate", "launch", "train.py"], True),
+        (["python", "-m", "accelerate.commands.launch", "train.py"], True),
+        (["/venv/bin/python3.11", "-u", "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"], True),
+        (["python3", "/usr/local/bin/torchrun", "t.py"], True),
+        (["python", "-m", "podguard.rank.wrap", "--", "python", "t.py"], True),
+        (["python", "-u", "train.py"], False),
+        (["python", "-X", "dev", "train.py"], False),
+        (["python", "-m", "mypkg.train"], False),
+        (["./train"], False),
+        ([], False),
+    ],
+)
+def test_launchers_and_shells_pass_the_save_signal_down(argv, launcher):
+    assert is_launcher(argv) is launcher

@@ -173,6 +173,34 @@ def test_a_job_that_ignores_the_save_signal_is_ended_after_the_grace(node, tmp_p
     assert 3 <= took < 20
 
 
+def test_a_job_without_a_handler_dies_of_the_save_signal_and_no_save_is_claimed(node, tmp_path):
+    """SIGUSR1's default action ends the process: the guard's line says so, the END line is the guard's."""
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "no_handler.py", 'print("training", flush=True)\nwhile True:\n    time.sleep(0.05)\n')
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1s", "--save-grace", "20s"]
+    proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    guard = next(ln for ln in out.splitlines() if "not inside a RunPod pod" in ln)
+    assert "the job died of SIGUSR1 without saving: it has no handler for the save signal" in guard
+    assert "saved checkpoint" not in out
+    assert end_line(out).startswith("podguard run: END guard exit 124 after 1 attempt(s): no checkpoint yet;")
+
+
+def test_a_shell_wrapper_passes_the_save_signal_to_the_training_process(node, tmp_path):
+    """`bash train.sh` (and its `| tee`) would die of SIGUSR1: the python process below it gets the signal."""
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "saves.py", SAVES_ON_SIGNAL)
+    wrapper = script(tmp_path, "train.sh", f"{sys.executable} {path} {ckpt} | tee {tmp_path / 'log'}\n")
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "2s", "--save-grace", "20s"]
+    proc = run_podguard(node, [*args, "--", "bash", wrapper], cpu=True)
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    assert "SIGUSR1 to 1 process(es)" in out and "saved on the signal" in out
+    assert f"saved checkpoint {ckpt / 'step-99'} (step 99)" in out
+    assert "saved on the signal" in (tmp_path / "log").read_text()  # tee lived on
+
+
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [

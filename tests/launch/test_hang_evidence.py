@@ -196,6 +196,38 @@ def test_a_rank_s_own_children_and_a_shell_in_front_are_not_ranks(tmp_path: Path
     assert find_rank_processes({"gone": 2**22 + 7}) == []
 
 
+LAUNCHER = """
+import os, subprocess, sys, time
+{children}
+print("up", flush=True)
+time.sleep(60)
+"""
+CHILD = "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={{**os.environ, {env}}})"
+
+
+SHAPES = {
+    # Lightning: the launching process is local rank 0 itself, its children have LOCAL_RANK 1..n-1
+    "lightning": [CHILD.format(env="'LOCAL_RANK': '1'"), CHILD.format(env="'LOCAL_RANK': '2'")],
+    # torch.multiprocessing.spawn: children without any rank variable, ranks in the order they started
+    "mp-spawn": [CHILD.format(env=""), "time.sleep(0.05)", CHILD.format(env="")],
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ranks_a_job_starts_itself_are_found_and_labelled(shape: str) -> None:
+    code = LAUNCHER.format(children="\n".join(SHAPES[shape]))
+    with _running([[sys.executable, "-c", code]], [_clean_env()]) as (proc,):
+        _wait_lines([proc], b"up", 1, 30)
+        time.sleep(0.3)
+        kids = sorted(children_of(proc.pid), key=lambda pid: read_stat(pid).start_time)
+        targets = find_rank_processes({"single": proc.pid})
+    ranks = [(t.rank, t.pid) for t in targets if t.role == "rank"]
+    if shape == "lightning":
+        assert ranks == [(0, proc.pid), (1, kids[0]), (2, kids[1])]
+    else:  # the parent (ProcessContext.join) is not a rank and not dumped
+        assert ranks == [(0, kids[0]), (1, kids[1])] and proc.pid not in {t.pid for t in targets}
+
+
 # --------------------------------------------------------------------------------------------------
 # stacks: when they cannot be taken
 

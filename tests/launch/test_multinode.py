@@ -147,8 +147,8 @@ RANK0_LOGS = textwrap.dedent(
     loading.set()
     for step in range(int(os.environ["STEPS"])):
         dist.all_reduce(torch.ones(1))
-        if rank == 0 and step % 4 == 0:
-            print(f"step {step}", flush=True)  # only rank 0 logs, every 2 s
+        if rank == 0 and step % 9 == 0:
+            print(f"step {step}", flush=True)  # only rank 0 logs, every 4.5 s (HF's logging_steps)
         time.sleep(0.5)
     if rank == 0:
         print("healthy phase over", flush=True)
@@ -158,16 +158,17 @@ RANK0_LOGS = textwrap.dedent(
 
 
 def test_only_rank_0_logging_is_not_a_hang_on_node_1_and_a_real_hang_is_found_on_both(tmp_path: Path):
-    """Rank 0 (node 0) logs every 2 s under --hang-timeout 7: node 1, whose ranks print nothing, must not call
-    the job hung (it did after 7 s, killing the cluster job); once every rank stops, both nodes find the hang."""
+    """A healthy HF-style job: rank 0 (node 0) logs every N = 4.5 s under --hang-timeout 10 (about 2N): node 1,
+    whose ranks print nothing, must not call the job hung (it did after 10 s, killing the cluster job); once
+    every rank stops, both nodes find the hang."""
     script = tmp_path / "train.py"
     script.write_text(RANK0_LOGS)
     port = free_port_pair()
-    args = ["train", "--mode", "torchrun", "--grace", "2", "--hang-timeout", "7"]
+    args = ["train", "--mode", "torchrun", "--grace", "2", "--hang-timeout", "10"]
     procs = [
         subprocess.Popen(
             [*PODGUARD, *args, "--", sys.executable, str(script)],
-            env=cluster_node_env(tmp_path, rank, port, STEPS="24"),
+            env=cluster_node_env(tmp_path, rank, port, STEPS="28"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

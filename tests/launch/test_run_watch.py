@@ -472,7 +472,7 @@ SPAWNED = """
 def test_an_mp_spawn_job_keeps_both_ranks_stacks_and_names_the_stuck_one(node, tmp_path):
     job = script(tmp_path, "spawned.py", SPAWNED)
     proc = pg(
-        node, ["run", "--hang-timeout", "4", "--grace", "1", "--", sys.executable, job], env={"OMP_NUM_THREADS": "1"}
+        node, ["run", "--hang-timeout", "6", "--grace", "1", "--", sys.executable, job], env={"OMP_NUM_THREADS": "1"}
     )
     assert proc.returncode == 79, said(proc)[-3000:]
     out = said(proc)
@@ -490,7 +490,7 @@ BEATER = """
     import os, time
     from podguard.rank import heartbeat
     rank = int(os.environ["LOCAL_RANK"])
-    for step in range(60):
+    for step in range(120):
         if rank == 0 or step < 3:
             heartbeat(step)
         print(f"rank {rank} step {step}", flush=True)  # rank 1 prints on, but its heartbeats stop
@@ -500,7 +500,7 @@ BEATER = """
 
 def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, tmp_path):
     job = script(tmp_path, "beater.py", BEATER)
-    args = ["train", "--mode", "torchrun", "--hang-timeout", "2", "--grace", "1", "--", sys.executable, job]
+    args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--grace", "1", "--", sys.executable, job]
     proc = pg(node, args, env={"NUM_TRAINERS": "2"})  # torchrun's 2 workers; the old board had 1 slot (0 GPUs)
     assert proc.returncode == 79, said(proc)[-3000:]
     assert "podguard: HUNG: rank(s) 1: no heartbeat for " in said(proc)

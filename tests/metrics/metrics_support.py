@@ -104,6 +104,13 @@ def wait_for(cond: Callable[[], object], what: str, timeout: float = 30.0, proc=
         time.sleep(0.05)
 
 
+def moved(port: int, name: str, before: dict[str, Metric], proc=None) -> dict[str, Metric]:
+    """The first scrape in which the samples of `name` differ from those of `before` (a step, a spend)."""
+    return wait_for(  # type: ignore[return-value]
+        lambda: (f := scrape(port))[name].samples != before[name].samples and f, f"{name} to move", proc=proc
+    )
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)

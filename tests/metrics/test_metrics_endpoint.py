@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from metrics_support import by, free_port, job, port_open, scrape, start, try_scrape, values, wait_for
+from metrics_support import by, free_port, job, moved, port_open, scrape, start, try_scrape, values, wait_for
 
 from fakenvml import XidSpec
 from fakenvml.scenario import MIB
@@ -49,11 +49,7 @@ def test_a_scrape_of_a_heartbeat_job_has_every_series_nvmls_values_and_growing_c
     proc = start(cli_node, [*args, "--", sys.executable, script, str(stop)])
     try:
         first = wait_for(lambda: everything_in(try_scrape(port)) and scrape(port), "every series", proc=proc)
-        second = wait_for(
-            lambda: (f := scrape(port))["podguard_rank_step"].samples != first["podguard_rank_step"].samples and f,
-            "the steps to move",
-            proc=proc,
-        )
+        second = moved(port, "podguard_rank_step", first, proc)
     finally:
         stop.touch()
     _, err = proc.communicate(timeout=60)

@@ -50,8 +50,10 @@ def test_the_file_is_never_seen_half_written_and_keeps_its_last_values(cli_node,
     for text in seen:  # every read is a whole exposition: it parses and ends with the last series
         families = parse(text)
         assert text.endswith("\n") and "podguard_job_restarts" in families, text[-300:]
-    last = parse(path.read_text())  # stays after the run, with the attempt's last heartbeats
-    assert values(last["podguard_up"]) == {(): 1.0} and values(last["podguard_job_attempt"]) == {(): 1.0}
+    assert "podguard_up 1.0" in seen[0]  # 1 while the run goes on ...
+    last = parse(path.read_text())  # ... the file stays after the run, with the attempt's last heartbeats
+    assert values(last["podguard_up"]) == {(): 0.0}, "the file's last write must say the run is over"
+    assert values(last["podguard_job_attempt"]) == {(): 1.0}
     assert set(by(last["podguard_rank_heartbeats"], "rank")) == {"0", "1"}
     assert [p.name for p in path.parent.iterdir()] == ["podguard.prom"]  # no temporary file left behind
 
@@ -79,3 +81,41 @@ def test_restarts_move_the_attempt_and_restart_series_and_counters_never_go_down
     assert values(final["podguard_job_attempt"]) == {(): 3.0}
     assert values(final["podguard_job_restarts"]) == {(): 2.0}
     assert by(final["podguard_rank_heartbeats"], "rank") == {"0": 15.0}  # 5 per attempt, each board from zero
+
+
+def test_a_file_that_cannot_be_written_mid_run_is_one_warning_never_a_failure(cli_node, tmp_path):
+    """The textfile's folder is replaced mid-run (a volume gone, a full disk: any OSError): the job goes on, one
+    warning says it, no temporary file is left, and writing resumes when it can."""
+    script, stop = job(tmp_path)
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    path = folder / "podguard.prom"
+    args = ["run", "--metrics-file", str(path), "--", sys.executable, script, str(stop)]
+    proc = start(cli_node, args, **FAST_FILE)
+    try:
+        wait_for(lambda: path.exists() and "podguard_rank_heartbeats_total" in path.read_text(), "beats", proc=proc)
+        path.unlink()
+        path.mkdir()  # a folder where the file was: each write's rename fails (IsADirectoryError)
+        time.sleep(0.5)  # ~10 failed writes
+        assert proc.poll() is None, "the job must go on"
+        path.rmdir()
+        wait_for(lambda: path.is_file(), "writing to resume", proc=proc)
+    finally:
+        stop.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    warnings = [line for line in err.splitlines() if "cannot be written" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"podguard: warning: --metrics-file='{path}'"), err
+    assert f"podguard: --metrics-file='{path}' is written again" in err
+    assert [p.name for p in folder.iterdir()] == ["podguard.prom"]  # no temporary file left behind
+    assert values(parse(path.read_text())["podguard_up"]) == {(): 0.0}
+
+
+def test_a_name_the_textfile_collector_skips_is_said(cli_node, tmp_path):
+    path = tmp_path / "podguard.txt"
+    proc = start(cli_node, ["run", "--metrics-file", str(path), "--", sys.executable, "-c", "pass"])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"podguard: warning: --metrics-file='{path}' does not end in .prom" in err
+    assert "podguard_up 0.0" in path.read_text()

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pods"))  # the stand-in API and its fixture
 
-from metrics_support import free_port, job, scrape, start, try_scrape, values, wait_for
+from metrics_support import free_port, job, moved, start, try_scrape, values, wait_for
 from pods_support import standin  # noqa: F401 (fixture)
 
 A40_X8_PER_HR = 0.44 * 8  # the stand-in's price of 8x A40
@@ -47,13 +47,7 @@ def test_price_and_spend_inside_a_pod(standin, pod, cli_node, tmp_path, guard): 
         first = wait_for(
             lambda: (f := try_scrape(port)) and "podguard_spend_dollars" in f and f, "the price", proc=proc
         )
-        second = wait_for(
-            lambda: (
-                (f := scrape(port))["podguard_spend_dollars"].samples != first["podguard_spend_dollars"].samples and f
-            ),
-            "the spend to grow",
-            proc=proc,
-        )
+        second = moved(port, "podguard_spend_dollars", first, proc)
     finally:
         stop.touch()
     _, err = proc.communicate(timeout=60)

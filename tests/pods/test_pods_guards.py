@@ -402,7 +402,7 @@ CLUSTER_SPEC = """
         (LIMITS, True),
         ('\n[limits]\nidle_stop = "off"\nmax_cost_usd = 0\n', False),
         ('\n[env]\nPODGUARD_MAX_RUNTIME = "2h"\n', True),
-        ('\n[limits]\nhang_timeout = "1h"\nrestarts = 3\n', False),  # the run's watch is no billing guard
+        ('\n[limits]\nhang_timeout = "1h"\n', False),  # the run's watch is no billing guard (restarts: 64)
         ("", False),
     ],
     ids=["limits", "limits-off", "env", "watch-only", "none"],

@@ -162,7 +162,7 @@ def test_a_pod_never_seen_running_its_container_falls_under_the_ready_timeout_no
     assert early.act is Act.WAIT  # a slow image pull is not a lost host
     late = decide(booting, JobView(), now=1800.0, quiet_since=quiet, silence_s=900, booting_since=0.0, ready_s=1800)
     assert late.act is Act.REPLACE and "did not start within 30m ([ready] timeout_s)" in late.reason
-    assert says in late.reason
+    assert late.reason.endswith(": " + says)
 
 
 def test_a_pod_started_with_fewer_gpus_than_its_spec_is_the_hosts_problem():
@@ -262,3 +262,75 @@ def test_what_the_lines_say_in_words_and_a_recovery_forgets_the_guard():
     seen("podguard: billing guard --idle-stop: every GPU at or below 5 % utilisation for 30m", view=view)
     view.after_recovery(replaced=False)
     assert act(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED)}), view) is Act.START
+
+
+def test_status_only_decisions_settle_first_and_say_why():
+    view = JobView()
+    cases = [
+        (Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED)}), Act.START, "EXITED without an outcome"),
+        (Observed(PodStatus.ERROR, {0: NodeState(PodStatus.ERROR)}), Act.REPLACE, "in ERROR"),
+        (Observed(None), Act.REPLACE, "it is gone (no longer in the API)"),
+    ]
+    for observed, what, why in cases:
+        decision = decide(observed, view, now=0.0, quiet_since={}, silence_s=900)
+        assert (decision.act, decision.settle) == (what, True) and decision.reason.startswith(why)
+    guard = seen("podguard: billing guard --idle-stop: every GPU at or below 5 % utilisation for 30m")
+    for observed in [*(c[0] for c in cases), Observed(PodStatus.EXITED, {}, cluster=True)]:
+        decision = decide(observed, guard, now=0.0, quiet_since={}, silence_s=900)
+        assert (decision.act, decision.reason, decision.settle) == (Act.FINISH, "guard", True)
+
+
+def test_the_words_for_each_end_and_the_streak_after_a_pass_or_a_replacement():
+    view = JobView()
+    assert view.take(0, read_line("podguard run: END guard exit 124 after 1 attempt(s)")) == (
+        "END guard: a billing guard ended the job"
+    )
+    assert JobView().take(0, read_line("podguard train: END success exit 0 after 1 attempt(s)")) == (
+        "END success: the job is over"
+    )
+    short = JobView().take(0, read_line("podguard train: END preflight exit 69 after 1 attempt(s)"))
+    assert short is not None and "fewer GPUs" in short
+    refused = JobView().take(0, read_line("podguard train: END preflight exit 64 after 1 attempt(s)"))
+    assert refused == "the pod refuses its own configuration (exit 64)"
+    unhealthy = "podguard train: UNHEALTHY on 2 GPU(s) in 1311 ms"
+    assert act(RUNNING, seen("podguard train: PASS on 2 GPU(s) in 842 ms", unhealthy, unhealthy)) is Act.WAIT
+    sick = seen(unhealthy, unhealthy, unhealthy)
+    sick.after_recovery(replaced=True)
+    assert not sick.node(0).passed and act(RUNNING, seen(unhealthy, unhealthy, view=sick)) is Act.WAIT
+
+
+def test_a_cluster_success_with_a_lost_peer_is_still_the_end():
+    done = seen("podguard train: END success exit 0 after 1 attempt(s)", rank=0)
+    peer_lost = Observed(
+        PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True), 1: NodeState(PodStatus.RUNNING, False)}, True
+    )
+    assert decide(peer_lost, done, now=0.0, quiet_since={}, silence_s=900).act is Act.FINISH
+
+
+def test_the_ready_timeout_counts_from_the_start_and_names_the_nodes():
+    booting = Observed(PodStatus.PROVISIONING, {0: NodeState(PodStatus.PROVISIONING, None)})
+    early = decide(booting, JobView(), now=55.0, quiet_since={}, silence_s=900, booting_since=50.0, ready_s=10)
+    assert early.act is Act.WAIT
+    late = decide(booting, JobView(), now=61.0, quiet_since={}, silence_s=900, booting_since=50.0, ready_s=10)
+    assert late.act is Act.REPLACE and "still PROVISIONING" in late.reason
+    unlisted = Observed(PodStatus.STARTING, {}, cluster=True)
+    named = decide(unlisted, JobView(), now=61.0, quiet_since={}, silence_s=900, booting_since=50.0, ready_s=10)
+    assert named.reason.startswith("node0 did not start within")
+    two = Observed(
+        PodStatus.PROVISIONING,
+        {0: NodeState(PodStatus.PROVISIONING, False), 2: NodeState(PodStatus.PROVISIONING, False)},
+        cluster=True,
+    )
+    both = decide(two, JobView(), now=61.0, quiet_since={}, silence_s=900, booting_since=50.0, ready_s=10)
+    assert both.reason.startswith("node0, node2 did not start within") and "; still" in both.reason
+
+
+def test_fewer_gpus_count_only_once_the_pod_runs():
+    starting = Observed(PodStatus.STARTING, {0: NodeState(PodStatus.STARTING, False, (0, 2))})
+    assert act(starting, JobView()) is Act.WAIT
+
+
+def test_two_lost_nodes_are_named_each_with_its_state():
+    lost = Observed(PodStatus.ERROR, {1: NodeState(PodStatus.ERROR)}, cluster=True, lost=(1, 2))
+    reason = decide(lost, JobView(), now=0.0, quiet_since={}, silence_s=900).reason
+    assert reason.startswith("node1 (ERROR), node2 (gone) left RUNNING")

@@ -322,3 +322,39 @@ def test_a_recovery_notification_names_the_checkpoint_and_its_age(standin, spec,
     recovery = posts[0]["text"]
     assert "comes back from checkpoint-1200 (step 1200), work since 14m" in recovery, recovery
     assert "checkpoint" not in posts[-1]["text"]
+
+
+CLUSTER_SPEC = """
+    name = "ring"
+    image = "registry.example/me/podguard:0.2"
+    args = "train --mode torchrun -- python train.py"
+
+    [gpu]
+    types = ["NVIDIA A40"]
+    count = 2
+
+    [cluster]
+    nodes = 2
+
+    [network_volume]
+    id = "vol-9"
+    path = "/workspace"
+"""
+
+
+def test_a_keeper_killed_between_reading_the_end_line_and_acting_on_it_reads_it_again(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)
+    proc = keep(spec, env={"PODGUARD_KEEP_SETTLE_S": "5"})  # a node's failure: the other nodes' lines first, 5 s
+    passes(tmp_path, 2, name="ring")
+    (cluster,) = world.clusters.values()
+    say_end(world, world.pods[cluster.members[1]], "failed", 1, detail="rank 3 exited 1")
+    wait_event(tmp_path, "end", text="END failed", name="ring")
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)  # the line was read; the end it calls for is not decided yet
+    proc.wait()
+    assert world.clusters, "nothing was deleted yet"
+    again = keep(spec)
+    code, _, err = finish(again)
+    assert code == 1, err
+    assert world.clusters == {} and len(standin.calls("POST", r"^/v2/clusters$")) == 1

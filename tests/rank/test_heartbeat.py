@@ -146,3 +146,16 @@ def test_ranks_that_mp_spawn_starts_beat_into_their_own_slots(tmp_path: Path):
     subprocess.run([sys.executable, str(job)], env=env, check=True, timeout=120)
     beats = read_board(board)
     assert {s: (b.count, b.rank) for s, b in beats.items()} == {0: (3, 0), 1: (4, 1)}
+
+
+def test_a_read_only_dev_shm_falls_back_too(tmp_path: Path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        placed = place_board("t5", slots=2, shm=ro, fallbacks=(tmp_path / "run",))
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    assert placed.path == tmp_path / "run" / "heartbeats"
+    assert "(Read-only file system)" in placed.warnings[0]

@@ -10,7 +10,7 @@ imported here: safetensors headers are parsed per the format's spec, torch.save 
 
 from __future__ import annotations
 
-from podguard.checkpoints.model import Checkpoint, Layout, format_size
+from podguard.checkpoints.model import Checkpoint, Key, Layout, format_size
 from podguard.checkpoints.render import (
     ENV_RESUME_FROM,
     ENV_RESUME_STEP,
@@ -20,18 +20,20 @@ from podguard.checkpoints.render import (
     resume_lines,
     table,
 )
-from podguard.checkpoints.scan import Finding, find_checkpoints
+from podguard.checkpoints.scan import Finding, find_checkpoints, list_keys
 
 __all__ = [
     "ENV_RESUME_FROM",
     "ENV_RESUME_STEP",
     "Checkpoint",
     "Finding",
+    "Key",
     "Layout",
     "as_json",
     "end_fragment",
     "find_checkpoints",
     "format_size",
+    "list_keys",
     "resume_env",
     "resume_lines",
     "table",

@@ -56,7 +56,10 @@ def safetensors_why(path: str, size: int | None = None) -> str:
         end = max(end, offsets[1])
     expected = 8 + n + end
     if size != expected:
-        return f"{name} is {format_size(size)} of {format_size(expected)}"
+        have, want = format_size(size), format_size(expected)
+        if have == want:  # a few bytes apart: "4.2 KB of 4.2 KB" would say nothing
+            have, want = f"{size:,} bytes", f"{expected:,}"
+        return f"{name} is {have} of {want}"
     return ""
 
 

@@ -2,8 +2,9 @@
 (why, note): why is "" for a whole folder.
 
     tree = read_tree(path)          # the files under a folder (3 levels at most): relative name -> (size, mtime)
-    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, the weights it names are there
-    dcp_why(tree)                   # torch DCP: .metadata exists (DCP writes it last)
+    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, its weights and every
+                                    # torch.save / safetensors file in it (optimizer.pt, ...) are whole
+    dcp_why(tree)                   # torch DCP: .metadata exists (DCP writes it last), no shard newer
     files_why(path, tree)           # DeepSpeed tag / Megatron iter_* / step-named folders: every weights file whole
 
 A folder holding a `COMPLETED` marker is whole whatever its layout (scan.py checks that first).
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 
-from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, safetensors_why
+from podguard.checkpoints.files import TORCH_SUFFIXES, file_why
 
 __all__ = ["HF_SINGLE", "MARKER", "Tree", "dcp_why", "files_why", "has_weights", "hf_why", "read_tree"]
 
@@ -32,6 +34,7 @@ class Tree:
 
     files: dict[str, tuple[int, float]]
     mtime: float
+    error: str = ""  # the folder itself cannot be listed (e.g. "Permission denied")
 
     @property
     def size(self) -> int:
@@ -42,6 +45,7 @@ class Tree:
 
 
 def read_tree(path: str) -> Tree:
+    """The files under `path`, 3 levels deep (symlinks followed: the depth bounds a loop)."""
     files: dict[str, tuple[int, float]] = {}
     newest = 0.0
     stack = [(path, "", 0)]
@@ -56,12 +60,14 @@ def read_tree(path: str) -> Tree:
                     except OSError:
                         continue
                     newest = max(newest, st.st_mtime)
-                    if entry.is_dir(follow_symlinks=True):
+                    if stat.S_ISDIR(st.st_mode):
                         if depth + 1 < MAX_DEPTH:
                             stack.append((entry.path, f"{name}/", depth + 1))
-                    else:
+                    elif stat.S_ISREG(st.st_mode):  # (a FIFO would block the header read forever)
                         files[name] = (st.st_size, st.st_mtime)
-        except OSError:
+        except OSError as exc:
+            if not rel:  # the checkpoint folder itself: say so (a file deeper down just goes missing)
+                return Tree({}, newest, exc.strerror or type(exc).__name__)
             continue
     return Tree(files, newest)
 
@@ -70,8 +76,12 @@ def dcp_why(tree: Tree, prefix: str = "") -> str:
     meta = f"{prefix}.metadata"
     if meta not in tree.files:
         return f"no {meta} (torch DCP writes it last: the save did not finish)"
-    if tree.files[meta][0] == 0:
+    size, written = tree.files[meta]
+    if size == 0:
         return f"{meta} is empty"
+    newer = [n for n, (_, m) in tree.files.items() if n.startswith(prefix) and n.endswith(".distcp") and m > written]
+    if newer:  # a save into the same folder (overwrite): the old .metadata stays until the new one replaces it
+        return f"{len(newer)} shard(s) newer than {meta} (a save into this folder is under way)"
     return ""
 
 
@@ -107,31 +117,26 @@ def hf_why(path: str, tree: Tree) -> tuple[str, str]:
             json.load(f)
     except (OSError, ValueError, UnicodeDecodeError):
         return f"{state} does not parse (cut short?)", ""
-    for index in HF_INDEXES:
-        if index in tree.files:
-            return _index_why(path, tree, index), ""
-    for single in HF_SINGLE:
-        if single in tree.files:
-            return file_why(os.path.join(path, single), tree.files[single][0])
-    if has_weights(tree):  # DeepSpeed or FSDP state inside the checkpoint folder
-        return files_why(path, tree)
-    return f"no weights ({', '.join(HF_SINGLE[:2])} or a sharded index)", ""
+    index = next((i for i in HF_INDEXES if i in tree.files), None)
+    if index is not None:
+        if why := _index_why(path, tree, index):
+            return why, ""
+    elif not has_weights(tree):  # (DeepSpeed or FSDP state inside the folder counts: files_why judges it)
+        return f"no weights ({', '.join(HF_SINGLE[:2])} or a sharded index)", ""
+    # every torch.save / safetensors file: the weights, and optimizer.pt, scheduler.pt, rng_state.pth, ...,
+    # which `resume_from_checkpoint` loads too (a truncated optimizer.pt fails the resume as surely as the weights)
+    return files_why(path, tree)
 
 
 def _index_why(path: str, tree: Tree, index: str) -> str:
+    """Every shard the index names is there (files_why judges each one)."""
     try:
         with open(os.path.join(path, index), "rb") as f:
             weight_map = json.load(f)["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
         return f"{index} does not parse"
-    for shard in shards:
-        if shard not in tree.files:
-            return f"{shard} is missing ({index} names {len(shards)} shards)"
-        if shard.endswith(".safetensors"):
-            why = safetensors_why(os.path.join(path, shard), tree.files[shard][0])
-        else:
-            why, _ = file_why(os.path.join(path, shard), tree.files[shard][0])
-        if why:
-            return why
+    missing = [shard for shard in shards if shard not in tree.files]
+    if missing:
+        return f"{missing[0]} is missing ({index} names {len(shards)} shards)"
     return ""

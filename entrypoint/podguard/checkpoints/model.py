@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Checkpoint", "Layout", "format_size"]
+__all__ = ["Checkpoint", "Key", "Layout", "format_size"]
+
+Key = tuple[str, float, int]  # (path, mtime, size): a checkpoint that changes gets a new key
 
 
 class Layout(StrEnum):
@@ -34,6 +36,10 @@ class Checkpoint:
     @property
     def whole(self) -> bool:
         return not self.why
+
+    @property
+    def key(self) -> Key:
+        return (self.path, self.mtime, self.size)
 
     @property
     def name(self) -> str:

@@ -5,35 +5,47 @@ DIR is created, changed, moved or deleted.
     finding.chosen        # the newest whole Checkpoint, or None
     finding.skipped       # the newer ones that are not whole (each with its `why`)
     finding.checkpoints   # all of them, newest first
+    find_checkpoints(d, until_whole=True)   # judge newest first, stop at the first whole one (what a restart needs)
+    find_checkpoints(d, skip=finding.keys)  # judge only what is new or changed since `finding` (or list_keys(d))
+
+Two steps: the listing (names, sizes, mtimes, tracker files: cheap) ranks the checkpoints; the judgement (header
+reads, trainer_state.json's parse) runs only where asked, so a restart costs one judgement, not one per checkpoint
+(an HF trainer_state.json with a long log_history is megabytes of JSON).
 
 Newest: the highest step; a checkpoint without a step (Lightning's `last.ckpt`) ranks by its modification time
-among the others (it counts as newer than every checkpoint written before it).
+among the others (it counts as newer than every checkpoint written before it). A symlink to another entry of DIR
+(Lightning's `save_last="link"`) is that entry, listed once.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from podguard.checkpoints.files import TORCH_SUFFIXES, file_why
 from podguard.checkpoints.folders import HF_SINGLE, MARKER, Tree, dcp_why, files_why, has_weights, hf_why, read_tree
-from podguard.checkpoints.model import Checkpoint, Layout
+from podguard.checkpoints.model import Checkpoint, Key, Layout
 from podguard.checkpoints.steps import step_from_name
 
-__all__ = ["DEEPSPEED_TRACKER", "MEGATRON_TRACKER", "Finding", "find_checkpoints", "newest_first"]
+__all__ = ["DEEPSPEED_TRACKER", "MEGATRON_TRACKER", "Finding", "find_checkpoints", "list_keys", "newest_first"]
 
 DEEPSPEED_TRACKER = "latest"  # DeepSpeed: the tag of the newest finished save (engine.save_checkpoint)
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM: the newest finished iteration
 _ITER = re.compile(r"^iter_(\d+)$")
 _HF_SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
+Judge = Callable[[], tuple[str, str]]  # (why, note): why is "" for a whole checkpoint
+
 
 @dataclass(frozen=True)
 class Finding:
     directory: str
-    checkpoints: tuple[Checkpoint, ...]  # newest first
+    checkpoints: tuple[Checkpoint, ...]  # newest first (those judged: see find_checkpoints)
+    keys: frozenset[Key] = frozenset()  # every checkpoint listed, judged or not
 
     @property
     def chosen(self) -> Checkpoint | None:
@@ -51,44 +63,70 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class _Listed:
+    """A checkpoint as the listing sees it, before its judgement."""
+
+    path: str
+    layout: Layout
+    step: int | None
+    size: int
+    mtime: float
+    judge: Judge
+
+    @property
+    def key(self) -> Key:
+        return (self.path, self.mtime, self.size)
+
+    def judged(self) -> Checkpoint:
+        why, note = self.judge()
+        return Checkpoint(self.path, self.layout, self.step, self.size, self.mtime, why, note)
+
+
+@dataclass(frozen=True)
 class _Tracker:
     name: str  # the folder it names
     mtime: float
     layout: Layout
 
 
-def find_checkpoints(directory: str | os.PathLike[str]) -> Finding:
-    """Every recognised checkpoint directly under `directory` (FileNotFoundError when it does not exist)."""
+def find_checkpoints(
+    directory: str | os.PathLike[str], *, until_whole: bool = False, skip: Collection[Key] = ()
+) -> Finding:
+    """The recognised checkpoints directly under `directory`, judged newest first (FileNotFoundError when it does
+    not exist). `until_whole`: stop after the first whole one. `skip`: leave out those listed with these keys."""
     root = os.path.abspath(os.fspath(directory))
-    entries = list(os.scandir(root))
-    trackers = _trackers(root, {e.name for e in entries})
-    found: list[Checkpoint] = []
-    for entry in entries:
-        if entry.name.startswith(".") or entry.name in (DEEPSPEED_TRACKER, MEGATRON_TRACKER):
+    listed = _list(root)
+    judged: list[Checkpoint] = []
+    for item in newest_first(listed):
+        if item.key in skip:
             continue
-        try:
-            if entry.is_dir(follow_symlinks=True):
-                got = _folder(entry.path, entry.name, trackers)
-            else:
-                got = _file(entry.path, entry.name, entry.stat(follow_symlinks=True))
-        except OSError:
-            continue
-        if got is not None:
-            found.append(got)
-    if any(c.layout is Layout.HF for c in found):  # HF's final `save_model()` into output_dir is not a checkpoint
-        found = [c for c in found if not (c.layout in (Layout.SAFETENSORS, Layout.TORCH) and _hf_export(c.name))]
-    names = {c.name for c in found}
-    for tracker in trackers:
-        if tracker.name not in names:
-            found.append(_missing(root, tracker))
-    return Finding(root, tuple(newest_first(found)))
+        judged.append(item.judged())
+        if until_whole and judged[-1].whole:
+            break
+    return Finding(root, tuple(judged), frozenset(item.key for item in listed))
 
 
-def newest_first(found: Sequence[Checkpoint]) -> list[Checkpoint]:
+def list_keys(directory: str | os.PathLike[str]) -> frozenset[Key]:
+    """The keys of the checkpoints under `directory`, none judged (a baseline for `skip`)."""
+    return frozenset(item.key for item in _list(os.path.abspath(os.fspath(directory))))
+
+
+class _Ranked(Protocol):
+    @property
+    def step(self) -> int | None: ...
+
+    @property
+    def mtime(self) -> float: ...
+
+
+R = TypeVar("R", bound=_Ranked)
+
+
+def newest_first(found: Sequence[R]) -> list[R]:
     """Highest step first; a step-less checkpoint ranks with the highest step written before it, then by mtime."""
     stepped = sorted((c for c in found if c.step is not None), key=lambda c: c.mtime)
 
-    def key(c: Checkpoint) -> tuple[int, float]:
+    def key(c: R) -> tuple[int, float]:
         if c.step is not None:
             return (c.step, c.mtime)
         before = [s.step for s in stepped if s.mtime <= c.mtime and s.step is not None]
@@ -97,52 +135,103 @@ def newest_first(found: Sequence[Checkpoint]) -> list[Checkpoint]:
     return sorted(found, key=key, reverse=True)
 
 
-def _file(path: str, name: str, st: os.stat_result) -> Checkpoint | None:
+def _list(root: str) -> list[_Listed]:
+    entries = list(os.scandir(root))
+    names = {e.name for e in entries}
+    trackers = _trackers(root, names)
+    found: list[_Listed] = []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name in (DEEPSPEED_TRACKER, MEGATRON_TRACKER):
+            continue
+        step = step_from_name(entry.name)
+        try:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if os.path.dirname(target) == os.path.realpath(root) and os.path.basename(target) in names:
+                    continue  # another name for an entry listed on its own (Lightning's last.ckpt link)
+                step = step if step is not None else step_from_name(os.path.basename(target))
+            if entry.is_dir(follow_symlinks=True):
+                got = _folder(entry.path, entry.name, step, trackers)
+            else:
+                got = _file(entry.path, entry.name, step, entry.stat(follow_symlinks=True))
+        except OSError:  # gone meanwhile, a dangling link, a symlink loop
+            continue
+        if got is not None:
+            found.append(got)
+    if any(c.layout is Layout.HF for c in found):  # HF's final `save_model()` into output_dir is not a checkpoint
+        found = [c for c in found if not (c.layout in (Layout.SAFETENSORS, Layout.TORCH) and _hf_export(c.path))]
+    paths = {c.path for c in found}
+    for tracker in trackers:
+        if os.path.join(root, tracker.name) not in paths:
+            found.append(_missing(root, tracker))
+    return found
+
+
+def _file(path: str, name: str, step: int | None, st: os.stat_result) -> _Listed | None:
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device named like a checkpoint: reading it could block
+        return None
     if name.endswith(".safetensors"):
         layout = Layout.SAFETENSORS
     elif name.endswith(TORCH_SUFFIXES):
         layout = Layout.TORCH
     else:
         return None
-    why, note = file_why(path, st.st_size)
-    return Checkpoint(path, layout, step_from_name(name), st.st_size, st.st_mtime, why, note)
+    size = st.st_size
+    return _Listed(path, layout, step, size, st.st_mtime, lambda: file_why(path, size))
 
 
-def _folder(path: str, name: str, trackers: list[_Tracker]) -> Checkpoint | None:
+def _folder(path: str, name: str, step: int | None, trackers: list[_Tracker]) -> _Listed | None:
     tree = read_tree(path)
-    step = step_from_name(name)
-    layout, why, note = _judge(path, name, tree, trackers)
+    if tree.error:  # a checkpoint podguard cannot read is named with why, not passed over in silence
+        if step is None:
+            return None
+        layout = Layout.HF if name.startswith("checkpoint-") else Layout.FOLDER
+        why = f"{name} cannot be read ({tree.error})"
+        return _Listed(path, layout, step, 0, tree.mtime, lambda: (why, ""))
+    layout, judge = _classify(path, name, tree, trackers)
     if layout is None:
         return None
     if layout is Layout.FOLDER and step is None and not tree.top(MARKER):
         return None
     if tree.top(MARKER):
-        why = ""  # whole whatever its layout
-    return Checkpoint(path, layout, step if step is not None else _iteration(name), tree.size, tree.mtime, why, note)
+        judge = _whole  # whole whatever its layout
+    mtime = tree.mtime
+    tracked = next((t for t in trackers if t.name == name), None)
+    if tracked is not None:  # the save is over when the tracker names it: a changed tracker is a new checkpoint
+        mtime = max(mtime, tracked.mtime)
+    step = step if step is not None else _iteration(name)
+    return _Listed(path, layout, step, tree.size, mtime, judge)
 
 
-def _judge(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tuple[Layout | None, str, str]:
+def _whole() -> tuple[str, str]:
+    return "", ""
+
+
+def _classify(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tuple[Layout | None, Judge]:
+    """The layout from the listing alone, and the judgement to run when asked."""
     tracked = next((t for t in trackers if t.name == name), None)
     kind = next((t.layout for t in trackers), None)
     if name.startswith("checkpoint-") and (tree.top("trainer_state.json") or has_weights(tree)):
-        return (Layout.HF, *hf_why(path, tree))
+        return Layout.HF, lambda: hf_why(path, tree)
     if kind is not None and (tracked is not None or _looks_tracked(name, kind)):
         if tracked is None:
             named = ", ".join(t.name for t in trackers)
             newer = _order(name, kind) > max(_order(t.name, kind) for t in trackers if t.layout is kind)
             if newer:
                 tracker = DEEPSPEED_TRACKER if kind is Layout.DEEPSPEED else MEGATRON_TRACKER
-                return kind, f"newer than {named}, which {tracker} names (the save did not finish)", ""
-        return (kind, *files_why(path, tree))
+                why = f"newer than {named}, which {tracker} names (the save did not finish)"
+                return kind, lambda: (why, "")
+        return kind, lambda: files_why(path, tree)
     if tree.top(".metadata") or any(n.endswith(".distcp") and "/" not in n for n in tree.files):
-        return Layout.DCP, dcp_why(tree), ""
+        return Layout.DCP, lambda: (dcp_why(tree), "")
     if has_weights(tree) or tree.top(MARKER):
-        return (Layout.FOLDER, *files_why(path, tree))
-    return None, "", ""
+        return Layout.FOLDER, lambda: files_why(path, tree)
+    return None, _whole
 
 
-def _hf_export(name: str) -> bool:
+def _hf_export(path: str) -> bool:
     """`model.safetensors`, `pytorch_model.bin`, `adapter_model.*`, shards like `model-00001-of-00002.safetensors`."""
+    name = os.path.basename(path)
     return name in HF_SINGLE or _HF_SHARD.match(name) is not None or name.startswith("training_args")
 
 
@@ -169,12 +258,15 @@ def _trackers(root: str, names: set[str]) -> list[_Tracker]:
             continue
         path = os.path.join(root, tracker)
         try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):  # (a `latest` symlink to a folder is no tracker file)
+                continue
             with open(path, encoding="utf-8", errors="replace") as f:
                 text = f.read(256).strip()
-            mtime = os.stat(path).st_mtime
         except OSError:
             continue
-        if not text or os.path.isdir(path):
+        mtime = st.st_mtime
+        if not text:
             continue
         if layout is Layout.MEGATRON and text != "release":
             if not text.isdigit():
@@ -184,8 +276,8 @@ def _trackers(root: str, names: set[str]) -> list[_Tracker]:
     return out
 
 
-def _missing(root: str, tracker: _Tracker) -> Checkpoint:
+def _missing(root: str, tracker: _Tracker) -> _Listed:
     file = DEEPSPEED_TRACKER if tracker.layout is Layout.DEEPSPEED else MEGATRON_TRACKER
     step = _iteration(tracker.name) if tracker.layout is Layout.MEGATRON else step_from_name(tracker.name)
     why = f"{file} names {tracker.name}, which does not exist"
-    return Checkpoint(os.path.join(root, tracker.name), tracker.layout, step, 0, tracker.mtime, why)
+    return _Listed(os.path.join(root, tracker.name), tracker.layout, step, 0, tracker.mtime, lambda: (why, ""))

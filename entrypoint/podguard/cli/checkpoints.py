@@ -1,6 +1,6 @@
 """`podguard checkpoints DIR [--json]`: what the finder sees under DIR, newest first, and which one a restart uses.
 
-Exit 0 with or without checkpoints; 64 when DIR does not exist or is not a folder. Reads only (checkpoints/).
+Exit 0 with or without checkpoints; 64 when DIR does not exist, is not a folder or cannot be listed. Reads only (checkpoints/).
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ def checkpoints(
     if not os.path.isdir(directory):
         what = "does not exist" if not os.path.exists(directory) else "is not a folder"
         raise UsageError(f"checkpoints DIR={directory!r} {what}; give the folder the job writes its checkpoints to")
-    finding = find_checkpoints(directory)
+    try:
+        finding = find_checkpoints(directory)
+    except OSError as exc:  # e.g. a folder this user may not list
+        raise UsageError(f"checkpoints DIR={directory!r} cannot be read ({exc.strerror})") from None
     if as_json:
         print(json.dumps(to_json(finding), indent=2))
     else:

@@ -5,10 +5,11 @@ new whole checkpoint under `--checkpoints` (or the workers' exit); then the job 
     save.start(sup, done=lambda note: ...)    # False: not asked (a hung job cannot save; nobody to signal)
     save.finish()                             # the workers ended on their own: the note, said once
 
-Who gets the signal: each worker process (the user's command); in torchrun mode each rank, the child of its
-podguard rank wrapper (torchrun itself would die of SIGUSR1; the process group would take the ranks' data loader
-workers along, which SIGUSR1 kills). A new checkpoint counts
-once it is whole and unchanged over two polls (its files no longer growing). The finder only reads DIR.
+Who gets the signal: the training processes of each worker (guards/targets.py): the worker itself, or below a
+shell or a launcher (`bash train.sh`, `accelerate launch`, torchrun and podguard's rank wrappers, which SIGUSR1
+would kill) the processes it runs; never a process group (the data loader workers die of SIGUSR1). A new
+checkpoint counts once it is whole and unchanged over two polls (its files no longer growing). The finder only
+reads DIR.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podguard.durations import format_duration
+from podguard.guards.targets import save_targets
 
 if TYPE_CHECKING:
-    from podguard.checkpoints import Checkpoint
+    from podguard.checkpoints import Checkpoint, Key
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
-__all__ = ["POLL_S", "SaveBeforeStop", "SaveSettings", "whole_keys"]
+__all__ = ["POLL_S", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
 
 POLL_S = 0.5
 
@@ -38,18 +40,26 @@ class SaveSettings:
     signum: int
     grace_s: float
     directory: Path
-    torchrun: bool = False  # signal torchrun's children, not torchrun
 
 
-def whole_keys(directory: Path) -> dict[tuple[str, float, int], Checkpoint]:
-    """The whole checkpoints under `directory` by (path, mtime, size); {} when it does not exist (yet)."""
+def listed_keys(directory: Path) -> frozenset[Key]:
+    """The checkpoints under `directory` as listed (none judged); empty when it does not exist (yet)."""
+    from podguard.checkpoints import list_keys
+
+    try:
+        return list_keys(directory)
+    except OSError:
+        return frozenset()
+
+
+def newest_new(directory: Path, before: frozenset[Key]) -> Checkpoint | None:
+    """The newest whole checkpoint not listed in `before` (only those are judged: a poll stays cheap)."""
     from podguard.checkpoints import find_checkpoints
 
     try:
-        finding = find_checkpoints(directory)
+        return find_checkpoints(directory, until_whole=True, skip=before).chosen
     except OSError:
-        return {}
-    return {(c.path, c.mtime, c.size): c for c in finding.checkpoints if c.whole}
+        return None
 
 
 class SaveBeforeStop:
@@ -59,8 +69,8 @@ class SaveBeforeStop:
         self.note: str | None = None  # what happened, once decided
         self._sup: Supervisor | None = None
         self._done: Callable[[str], None] | None = None
-        self._before: dict[tuple[str, float, int], Checkpoint] = {}
-        self._candidate: tuple[str, float, int] | None = None
+        self._before: frozenset[Key] = frozenset()
+        self._candidate: Key | None = None
         self._started = 0.0
         self._timer: Timer | None = None
 
@@ -76,7 +86,7 @@ class SaveBeforeStop:
         if self.hung():
             self.note = f"no save request ({name}): the job is hung and cannot save"
             return False
-        self._before = whole_keys(s.directory)
+        self._before = listed_keys(s.directory)
         sent = self._signal_workers(sup)
         if not sent:
             return False
@@ -93,8 +103,7 @@ class SaveBeforeStop:
         for worker in sup.workers.values():
             if not worker.alive:
                 continue
-            targets = _ranks_of(worker.pid) if self.settings.torchrun else [worker.pid]
-            for pid in targets:
+            for pid in save_targets(worker.pid):
                 try:
                     os.kill(pid, self.settings.signum)
                     sent += 1
@@ -119,15 +128,13 @@ class SaveBeforeStop:
 
     def _new_checkpoint(self) -> str | None:
         """The newest checkpoint that is whole now, was not before, and did not change since the last poll."""
-        fresh = {k: c for k, c in whole_keys(self.settings.directory).items() if k not in self._before}
-        if not fresh:
+        c = newest_new(self.settings.directory, self._before)
+        if c is None:
             self._candidate = None
             return None
-        key = max(fresh, key=lambda k: (fresh[k].step if fresh[k].step is not None else -1, k[1]))
-        if key != self._candidate:
-            self._candidate = key
+        if c.key != self._candidate:
+            self._candidate = c.key
             return None
-        c = fresh[key]
         return f"checkpoint {c.path}" + (f" (step {c.step})" if c.step is not None else "")
 
     def _decide(self, note: str) -> None:
@@ -143,25 +150,23 @@ class SaveBeforeStop:
         if self._timer is not None:
             self._timer.cancel()
         self._candidate = None
-        fresh = [c for k, c in whole_keys(self.settings.directory).items() if k not in self._before]
-        if fresh:
-            c = max(fresh, key=lambda c: (c.step if c.step is not None else -1, c.mtime))
+        c = newest_new(self.settings.directory, self._before)
+        name = signal.Signals(self.settings.signum).name
+        if c is not None:
             step = f" (step {c.step})" if c.step is not None else ""
             self.note = f"saved checkpoint {c.path}{step}; the workers exited"
+        elif self._killed_by_the_signal():
+            self.note = (
+                f"the job died of {name} without saving: it has no handler for the save signal (install one: "
+                "docs/checkpoints.md), or drop --save-signal"
+            )
         else:
             self.note = "the workers exited without a new whole checkpoint"
         self._done = None
 
-
-def _ranks_of(torchrun_pid: int) -> list[int]:
-    """torchrun's ranks: the children of its rank wrappers (python -m podguard.rank.wrap), else its children."""
-    from podguard.procfs import children_of, read_bytes
-
-    ranks = []
-    for child in children_of(torchrun_pid):
-        try:
-            cmdline = read_bytes(f"/proc/{child}/cmdline")
-        except OSError:  # it just ended
-            continue
-        ranks.extend(children_of(child) if b"podguard.rank.wrap" in cmdline else [child])
-    return ranks
+    def _killed_by_the_signal(self) -> bool:
+        """A worker ended by the save signal itself (its default action), or a shell whose child was (128+N)."""
+        signum = self.settings.signum
+        workers = self._sup.workers.values() if self._sup is not None else ()
+        codes = [os.waitstatus_to_exitcode(w.status) for w in workers if w.status is not None]
+        return any(code in (-signum, 128 + signum) for code in codes)

@@ -23,6 +23,7 @@ from podguard.checkpoints import (
     ENV_RESUME_STEP,
     Checkpoint,
     Finding,
+    Key,
     end_fragment,
     find_checkpoints,
     resume_env,
@@ -56,28 +57,32 @@ class Handoff:
         self.directory = Path(os.path.abspath(directory))
         self.say = say
         self._started: Checkpoint | None = None
-        self._whole_before: set[tuple[str, float, int]] = set()
+        self._listed_before: frozenset[Key] = frozenset()
 
-    def find(self) -> Finding:
+    def find(self, *, skip: frozenset[Key] = frozenset(), say: bool = False) -> Finding:
+        """Newest first until the first whole one (only what is not in `skip`)."""
         try:
-            return find_checkpoints(self.directory)
-        except OSError:  # not there yet (the job creates it), or unreadable: nothing to resume from
+            return find_checkpoints(self.directory, until_whole=True, skip=skip)
+        except FileNotFoundError:  # not there yet: the job creates it with its first save
+            return Finding(str(self.directory), ())
+        except OSError as exc:  # unreadable: nothing podguard can hand over, and it says why
+            if say:
+                self.say(f"podguard: warning: cannot read --checkpoints {self.directory} ({exc.strerror})")
             return Finding(str(self.directory), ())
 
     def before(self) -> dict[str, str]:
-        finding = self.find()
+        finding = self.find(say=True)
         for line in resume_lines(finding, time.time()):
             self.say(f"podguard: {line}")
         self._started = finding.chosen
-        self._whole_before = {(c.path, c.mtime, c.size) for c in finding.checkpoints if c.whole}
+        self._listed_before = finding.keys
         for name in (ENV_RESUME_FROM, ENV_RESUME_STEP):  # unset unless handed over (the workers inherit ours)
             os.environ.pop(name, None)
         return {ENV_CHECKPOINTS: str(self.directory), **resume_env(finding)}
 
     def after(self, run_dir: Path | None = None) -> AttemptCheckpoints:
         finding = self.find()
-        whole = [c for c in finding.checkpoints if c.whole]
-        saved = any((c.path, c.mtime, c.size) not in self._whole_before for c in whole)
+        saved = self.find(skip=self._listed_before).chosen is not None  # a whole one that is new (or changed)
         seen = AttemptCheckpoints(self._started, finding.chosen, saved)
         if run_dir is not None:
             with contextlib.suppress(OSError):  # best-effort, like the run's other records

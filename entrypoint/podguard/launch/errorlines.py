@@ -39,6 +39,11 @@ class FirstError:
         self._body: list[str] = []
         self._seen = 0
 
+    @property
+    def inside(self) -> bool:
+        """Inside the first traceback: every further line matters, whether it holds HEADER or not."""
+        return self._prefix is not None and not self.done
+
     def feed(self, data: bytes) -> None:
         """`data`: complete lines, each ending in a newline."""
         if self.done:

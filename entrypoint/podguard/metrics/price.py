@@ -3,9 +3,10 @@
     price_of_budget(guards.budget)            # --max-cost already read the pod's meter: reuse it (no request)
     read_price_later(pod_id, state.set_price, say)   # else one GET /v2/pods/{id} on a helper thread
 
-The spend is the price x the time since the pod's `startedAt`, as `--max-cost` counts it (guards/budget.py): one
-read, then the clock. Inside a cluster member it is this pod's own price and spend (the cost guard sums the
-cluster's). A failed read leaves the two series out, says one line, and never delays or fails the job.
+The price is a `Budget` of this pod's one meter (guards/budget.py), so the spend is the price x the time since
+the pod's `startedAt` exactly as `--max-cost` counts it: one read, then the clock. Inside a cluster member it is
+this pod's own price and spend (the cost guard sums the cluster's). A failed read leaves the two series out, says
+one line, and never delays or fails the job.
 """
 
 from __future__ import annotations
@@ -13,29 +14,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from podguard.metrics.state import Price
-
-if TYPE_CHECKING:
-    from podguard.guards.budget import Budget
+from podguard.guards.budget import Budget, Meter
 
 __all__ = ["price_of_budget", "read_price", "read_price_later"]
 
 RETRY_FOR_S = 60.0  # the API's retries for this one read (a helper thread: the job does not wait)
 
 
-def price_of_budget(budget: Budget | None) -> Price | None:
-    """This pod's own meter from the cost guard's budget (read once at start), or None."""
+def price_of_budget(budget: Budget | None) -> Budget | None:
+    """This pod's own meter from the cost guard's budget (read once at start; a cluster's has every member's), or
+    None."""
     if budget is None:
         return None
     meter = next((m for m in budget.meters if m.pod_id == budget.pod_id), None)
     if meter is None or meter.cost_per_hr <= 0:
         return None
-    return Price(meter.cost_per_hr, meter.uptime_s, budget.read_at)
+    return Budget(budget.pod_id, (meter,), budget.read_at)
 
 
-def read_price(pod_id: str) -> Price | None:
+def read_price(pod_id: str) -> Budget | None:
     """One GET of this pod (retried like every API call); None when the API gives it no price."""
     from podguard.pods.api import open_api
     from podguard.pods.spend import seconds_since
@@ -44,10 +42,12 @@ def read_price(pod_id: str) -> Price | None:
     wall, read_at = time.time(), time.monotonic()
     if not pod.cost_per_hr:
         return None
-    return Price(float(pod.cost_per_hr), seconds_since(pod.started_at, wall) or 0.0, read_at)
+    return Budget(pod_id, (Meter(pod_id, float(pod.cost_per_hr), seconds_since(pod.started_at, wall) or 0.0),), read_at)
 
 
-def read_price_later(pod_id: str, done: Callable[[Price | None], None], say: Callable[[str], None]) -> threading.Thread:
+def read_price_later(
+    pod_id: str, done: Callable[[Budget | None], None], say: Callable[[str], None]
+) -> threading.Thread:
     """`read_price` on a daemon thread; `done(price)` with the answer; a failure is one line (never the key)."""
 
     def run() -> None:

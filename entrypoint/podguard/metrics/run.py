@@ -21,7 +21,8 @@ from podguard.metrics.state import GpuRow, MetricsState
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.launch.watch.runtime import RuntimeWatch
-    from podguard.metrics.outputs import FileWriter, MetricsServer
+    from podguard.metrics.server import MetricsServer
+    from podguard.metrics.textfile import FileWriter
     from podguard.metrics.watch import MetricsWatch
 
 __all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
@@ -69,7 +70,8 @@ class Metrics:
         return MetricsWatch(self.state, runtime)
 
     def close(self) -> None:
-        """The file's last write, then the port closes."""
+        """`podguard_up` 0, the file's last write, then the port closes."""
+        self.state.end()
         if self.writer is not None:
             self.writer.close()
         if self.server is not None:
@@ -85,7 +87,8 @@ def open_metrics(
         return None
     from podguard import __version__
     from podguard.metrics.exposition import snapshot_registry
-    from podguard.metrics.outputs import FILE_INTERVAL_S, FileWriter, MetricsServer
+    from podguard.metrics.server import MetricsServer
+    from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
     say = say or _say
     every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
@@ -93,7 +96,7 @@ def open_metrics(
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
     try:
-        writer = FileWriter(path, registry, every_s=every_s) if path is not None else None
+        writer = FileWriter(path, registry, every_s=every_s, say=say) if path is not None else None
     except BaseException:
         if server is not None:
             server.close()
@@ -102,6 +105,8 @@ def open_metrics(
         say(f"metrics: http://0.0.0.0:{port}/metrics")
     if writer is not None:
         say(f"metrics: {path} (every {every_s:g} s)")
+        if (note := collector_note(writer.path)) is not None:
+            say(note)
     return Metrics(state, server, writer, say)
 
 
@@ -120,4 +125,6 @@ def _interval(raw: str | None, default: float) -> float:
 
 
 def _say(text: str) -> None:
-    print(f"podguard: {text}", file=sys.stderr, flush=True)
+    """One write per line: the file's and the price's threads say things while the job's output flows."""
+    sys.stderr.write(f"podguard: {text}\n")
+    sys.stderr.flush()

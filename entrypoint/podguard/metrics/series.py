@@ -22,7 +22,7 @@ class Series:
 GPU = ("gpu", "uuid")  # the NVML index and the GPU's UUID
 
 SERIES: tuple[Series, ...] = (
-    Series("podguard_up", "gauge", "1 while podguard runs (its supervisor serves these metrics)."),
+    Series("podguard_up", "gauge", "1 while podguard runs; 0 in --metrics-file's last write, after the run."),
     Series(
         "podguard_info",
         "gauge",

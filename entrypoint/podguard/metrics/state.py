@@ -24,25 +24,14 @@ from podguard.rank.progress import Beat
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
+    from podguard.guards.budget import Budget
     from podguard.launch.watch.runtime import RuntimeWatch
 
-__all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Price", "Rows", "Snapshot"]
+__all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot"]
 
 GPU_READ_S = 5.0  # the GPU gauges' NVML read, at most this often (4 calls per GPU)
 
 Rows = tuple[tuple[tuple[str, ...], float], ...]  # (label values, value) per sample
-
-
-@dataclass(frozen=True)
-class Price:
-    """This pod's meter as the API gave it: its price and its uptime at `read_at` (time.monotonic())."""
-
-    cost_per_hr: float
-    uptime_s: float
-    read_at: float
-
-    def spent(self, now: float) -> float:
-        return self.cost_per_hr * (self.uptime_s + max(0.0, now - self.read_at)) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -54,10 +43,11 @@ class GpuRow:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The series' samples at one moment; `price` is kept apart because the spend grows with the clock."""
+    """The series' samples at one moment; `price` (this pod's meter, as `--max-cost` reads it: price x uptime) is
+    kept apart because the spend grows with the clock."""
 
     samples: Mapping[str, Rows] = field(default_factory=dict)
-    price: Price | None = None
+    price: Budget | None = None
 
 
 @dataclass
@@ -73,6 +63,7 @@ class MetricsState:
     def __init__(self, *, version: str, mode: str, pod_id: str) -> None:
         self._lock = threading.Lock()
         self.info = (version, mode, pod_id)
+        self.up = 1.0  # 0 once the run has ended (the textfile's last write says so)
         self.attempt = 0  # 1-based; 0 before the first launch
         self.restarts = 0
         self.gpus: dict[int, GpuRow] = {}  # every GPU of any attempt
@@ -83,7 +74,7 @@ class MetricsState:
         self.ranks: dict[str, _Rank] = {}
         self.slow: set[str] = set()
         self.last_progress: float | None = None
-        self.price: Price | None = None
+        self.price: Budget | None = None
         self._board: dict[int, tuple[int, int]] = {}  # slot -> (pid, count) as last counted, this attempt
         self._faults_seen = 0  # of this attempt's runtime.faults
         self._next_read = 0.0
@@ -152,7 +143,13 @@ class MetricsState:
             self.readings = {i: r for i, r in readings.items() if i in self.selected}
             self._publish()
 
-    def set_price(self, price: Price | None) -> None:
+    def end(self) -> None:
+        """The run is over: `podguard_up` 0 (the file keeps it; the endpoint closes right after)."""
+        with self._lock:
+            self.up = 0.0
+            self._publish()
+
+    def set_price(self, price: Budget | None) -> None:
         with self._lock:
             self.price = price
             self._publish()
@@ -165,7 +162,7 @@ class MetricsState:
 
     def _samples(self) -> dict[str, Rows]:
         out: dict[str, Rows] = {
-            "podguard_up": (((), 1.0),),
+            "podguard_up": (((), self.up),),
             "podguard_info": ((self.info, 1.0),),
             "podguard_job_attempt": (((), float(self.attempt)),),
             "podguard_job_restarts": (((), float(self.restarts)),),

@@ -16,6 +16,7 @@ only printed. Rules and sources: docs/watch.md.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -114,6 +115,7 @@ class RuntimeWatch:
         self._open_gpu_watch()  # before the workers: a fault from now on is a fault, not the starting value
         if self._placed is None:
             self._placed = place_board(f"{self.run_dir.name}-{os.getpid()}", max(1, slots), (self.run_dir,))
+            atexit.register(remove_board, self._placed)  # also when the attempt fails before the supervisor runs
             for warning in self._placed.warnings:
                 self._say(f"podguard: warning: {warning}")
         self.board = self._placed.path

@@ -235,9 +235,11 @@ class Keeper(Recovering):
         self.quiet_since[rank] = time.monotonic()
         self.view.node(rank).ran = True  # a line: its container runs
         mark = self.state.nodes.get(str(rank))
-        if mark is not None and event.id:
-            mark.last_event_id = event.id
         cue = read_line(event.line)
+        if mark is not None and event.id and (cue is None or cue.kind is not CueKind.END):
+            # an END line is not passed in the record: what it calls for (the stop, a replacement) is recorded only
+            # when it is decided, so a keeper killed in between must read it again when it resumes
+            mark.last_event_id = event.id
         if cue is None:
             return False
         if cue.kind in (CueKind.END, CueKind.RESTART):

@@ -1,0 +1,73 @@
+"""Which processes get the save signal: the training processes, found through the launchers and shells above them.
+
+    pids = save_targets(worker_pid)     # the worker itself, or (a launcher, a shell) the processes it runs
+
+A launcher or a shell dies of SIGUSR1 (its default action) and takes no save: `bash train.sh`, `accelerate
+launch`, a user's own `torchrun`, podguard's torchrun agent and its rank wrappers all pass the signal down to
+their children instead. Below a launcher, stream helpers (`| tee log`) are left alone: SIGUSR1 would kill them and
+the job would die of the broken pipe. A process that is neither (the `python train.py` itself) gets the signal,
+and nothing below it does: its data loader workers die of SIGUSR1 too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = ["is_launcher", "save_targets"]
+
+MAX_DEPTH = 4  # shell -> launcher -> rank wrapper -> rank
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+_LAUNCHERS = {
+    *("sh", "bash", "dash", "zsh", "ksh", "env", "nohup", "timeout", "time", "stdbuf", "setsid", "taskset"),
+    *("torchrun", "accelerate", "deepspeed", "uv", "conda", "mamba", "micromamba", "poetry", "pixi"),
+}
+_LAUNCHER_MODULES = {
+    *("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"),
+    *("accelerate.commands.accelerate_cli", "deepspeed.launcher.runner", "deepspeed.launcher.launch"),
+    "podguard.rank.wrap",
+}
+_STREAM_HELPERS = {"tee", "cat", "grep", "sed", "awk", "ts", "logger", "head", "tail", "sleep", "multilog"}
+
+
+def _cmdline(pid: int) -> list[str]:
+    from podguard.procfs import read_bytes
+
+    try:
+        raw = read_bytes(f"/proc/{pid}/cmdline", 1 << 16)
+    except OSError:  # it just ended
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def is_launcher(argv: list[str]) -> bool:
+    """A shell, a launcher, or Python running a launcher module or script (`python -m torch.distributed.run`,
+    `python /usr/bin/torchrun`, `python -m podguard.rank.wrap`)."""
+    if not argv:
+        return False
+    name = os.path.basename(argv[0])
+    if name in _LAUNCHERS:
+        return True
+    if not _PYTHON.match(name):
+        return False
+    rest = argv[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":  # interpreter flags (-u, -X dev, -W ignore)
+        rest = rest[2:] if rest[0] in ("-X", "-W") else rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return rest[1] in _LAUNCHER_MODULES
+    return bool(rest) and os.path.basename(rest[0]) in _LAUNCHERS
+
+
+def save_targets(pid: int, depth: int = 0) -> list[int]:
+    """The processes that should get the save signal for the worker process `pid`."""
+    from podguard.procfs import children_of
+
+    if depth >= MAX_DEPTH or not is_launcher(_cmdline(pid)):
+        return [pid]
+    out: list[int] = []
+    for child in children_of(pid):
+        argv = _cmdline(child)
+        if not argv or os.path.basename(argv[0]) in _STREAM_HELPERS:  # (no argv: it has just ended)
+            continue
+        out.extend(save_targets(child, depth + 1))
+    return out

@@ -1,0 +1,112 @@
+"""The textfile of `--metrics-file`, for node_exporter's textfile collector.
+
+    writer = FileWriter(path, registry, every_s=15, say=print)   # writes once now (64 when it cannot), then on
+    ...                                                          # its thread
+    writer.close()                                               # a last write; the file keeps its last values
+
+The file is replaced whole each time: the text goes to a hidden temporary file in the same folder, then a rename
+over the old one (atomic on one filesystem), so the collector never reads half a file. A write that fails during
+the run (a full volume, the folder gone) leaves the last whole file, removes its temporary file, says one warning
+(and one line when writing works again) and never fails the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podguard.errors import UsageError
+from podguard.metrics.exposition import render
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+__all__ = ["FILE_INTERVAL_S", "FileWriter", "collector_note"]
+
+FILE_INTERVAL_S = 15.0  # PRODUCT.md; PODGUARD_METRICS_INTERVAL changes it (tests, a faster collector)
+
+
+def collector_note(path: Path) -> str | None:
+    """A warning for a name the collector skips: it reads `*.prom` files only."""
+    if path.name.endswith(".prom"):
+        return None
+    return (
+        f"warning: --metrics-file={str(path)!r} does not end in .prom: node_exporter's textfile collector reads only "
+        "*.prom files and will not see it"
+    )
+
+
+class FileWriter:
+    """The textfile: written at once (so a bad path is 64 before the job), then every `every_s` on a daemon
+    thread, and a last time at `close()`."""
+
+    def __init__(
+        self,
+        path: Path,
+        registry: CollectorRegistry,
+        *,
+        every_s: float = FILE_INTERVAL_S,
+        say: Callable[[str], None] = lambda text: None,
+    ) -> None:
+        self.path = path
+        self._registry = registry
+        self._every_s = every_s
+        self._say = say
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # the thread's write and close()'s last one never interleave
+        self.writes = 0
+        self.error: str | None = None  # why the last write failed (a full volume), until one works again
+        try:
+            self.write()
+        except OSError as exc:
+            raise UsageError(
+                f"--metrics-file={str(path)!r} cannot be written: {exc.strerror or exc}; give a path in a writable "
+                "folder (node_exporter's --collector.textfile.directory, e.g. /var/lib/node_exporter/podguard.prom)"
+            ) from None
+        self._thread = threading.Thread(target=self._run, name="podguard-metrics-file", daemon=True)
+        self._thread.start()
+
+    def write(self) -> None:
+        """Replace the file whole: a hidden temporary file beside it, then a rename (atomic on one filesystem)."""
+        text = render(self._registry)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")  # (not *.prom: the collector skips it)
+        with self._write_lock:
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(text)
+                os.replace(tmp, self.path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                raise
+            self.writes += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self._write_or_warn()
+
+    def _write_or_warn(self) -> None:
+        """One write during the run: a failure is said once (not every interval), a recovery once."""
+        try:
+            self.write()
+        except OSError as exc:  # a full volume, the folder gone: try again next time; the job never fails for it
+            if self.error is None:
+                self._say(
+                    f"warning: --metrics-file={str(self.path)!r} cannot be written: {exc.strerror or exc}; it keeps "
+                    "its last values (tried again every interval; the job goes on)"
+                )
+            self.error = exc.strerror or str(exc)
+            return
+        if self.error is not None:
+            self._say(f"--metrics-file={str(self.path)!r} is written again")
+            self.error = None
+
+    def close(self) -> None:
+        """Stop the thread and write the last values (best effort, said like any other failed write)."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self._write_or_warn()

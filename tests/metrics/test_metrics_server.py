@@ -1,0 +1,198 @@
+"""The endpoint as scrapers and bad clients use it: real sockets against `MetricsServer`, promtool's lint and a real
+Prometheus on a full exposition (skipped with the reason where Debian's `prometheus` is not installed).
+
+Why: the endpoint lives for a whole run beside the supervisor. A client that connects and never sends its request
+(a port scanner, a half-open proxy connection) must not hold a thread for the rest of the run, nor can any number
+of them pile up; only /metrics is the metrics (other paths 404, like every exporter); HEAD answers the headers;
+and what a scrape gets must be accepted by Prometheus itself, not only by the Python parser.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+from metrics_support import free_port, parse, wait_for
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+from podguard.guards.budget import Budget, Meter
+from podguard.launch.watch.gpu_faults import GpuFault
+from podguard.metrics.exposition import snapshot_registry
+from podguard.metrics.series import SERIES
+from podguard.metrics.server import MetricsServer
+from podguard.metrics.state import GpuRow, MetricsState
+from podguard.rank.progress import Beat
+
+FAST = 0.5  # the request timeout in these tests (the product's is REQUEST_TIMEOUT_S)
+
+
+def full_state() -> MetricsState:
+    """Every series of the contract has samples: 2 GPUs read, an Xid, 2 ranks (one slow), a price."""
+    state = MetricsState(version="0.1.0", mode="auto", pod_id="pod123")
+    state.begin_attempt(0, "per-gpu", [GpuRow(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3"), GpuRow(1, "GPU-bbbb", "H100")])
+    backend = SimpleNamespace(
+        utilization=lambda i: 50 + i, memory_used=lambda i: 2**30 * (i + 1), sensors=lambda i: (300.5, 41 + i)
+    )
+    state.read_gpus(backend)
+    now = time.monotonic()
+    fault = GpuFault(index=1, uuid="GPU-bbbb", kind="xid", xid=79, fatal=True, text="Xid 79", at=now)
+    state.observe(
+        SimpleNamespace(
+            beats={0: Beat(0, 10, 9, now, pid=1), 1: Beat(1, 7, 6, now, pid=2)},
+            faults=[fault],
+            progress=SimpleNamespace(labels={}, seen=True, last_at=now),
+            rates=SimpleNamespace(slow={1: None}),
+        )
+    )
+    state.set_price(Budget("pod123", (Meter("pod123", 3.52, 3600.0),), now))
+    return state
+
+
+@pytest.fixture
+def served():
+    """A server on a free port over the full state, with a short request timeout; closed afterwards."""
+    state = full_state()
+    server = MetricsServer.bind(free_port(), snapshot_registry(state), timeout_s=FAST)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def get(port: int, path: str = "/metrics", method: str = "GET", **headers: str):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_only_metrics_is_served_and_head_answers_the_headers(served):
+    status, headers, body = get(served.port)
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert {"podguard_up", "podguard_gpu_xid_errors", "podguard_spend_dollars"} <= set(parse(body.decode()))
+    assert get(served.port, "/metrics/?x=1")[0] == 200
+    for path in ("/", "/favicon.ico", "/metricsx", "/api/v1/query"):
+        assert get(served.port, path)[0] == 404, path
+    status, headers, body = get(served.port, method="HEAD")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 1000
+    assert get(served.port, method="POST")[0] == 501
+
+
+def test_a_scraper_that_asks_for_openmetrics_or_gzip_gets_it(served):
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    status, headers, body = get(served.port, Accept=accept, **{"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    names = {f.name for f in openmetrics_families(gzip.decompress(body).decode())}  # (it checks # EOF too)
+    assert {s.name for s in SERIES} <= names
+
+
+def _handler_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-") and "process_request" in t.name)
+
+
+def test_silent_clients_are_dropped_and_never_block_other_scrapes_or_the_close(served):
+    before = _handler_threads()
+    silent = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(6)]  # connect, send nothing
+    lazy = []
+    for _ in range(3):  # send a request, never read the answer
+        sock = socket.create_connection(("127.0.0.1", served.port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        lazy.append(sock)
+    try:
+        with ThreadPoolExecutor(8) as pool:  # 24 scrapes at once beside them
+            t0 = time.perf_counter()
+            answers = list(pool.map(lambda _: get(served.port)[0], range(24)))
+            took = time.perf_counter() - t0
+        assert answers == [200] * 24 and took < FAST, f"{took:.2f} s"  # (no wait for a SYN retry: 1 s)
+        for sock in silent:  # the server hangs up on each after the request timeout
+            sock.settimeout(5 * FAST)
+            assert sock.recv(100) == b"", "a silent client must be dropped"
+        wait_for(lambda: _handler_threads() <= before, "the handler threads to end", timeout=5)
+    finally:
+        for sock in silent + lazy:
+            sock.close()
+
+
+def test_connections_beyond_the_limit_are_closed_at_once():
+    server = MetricsServer.bind(free_port(), snapshot_registry(full_state()), timeout_s=30.0, max_clients=4)
+    socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.2)  # (the four are accepted and wait for their requests)
+        extra = socket.create_connection(("127.0.0.1", server.port))
+        extra.settimeout(2.0)
+        assert extra.recv(100) == b"", "a fifth connection must be closed, not queued behind the others"
+        extra.close()
+        t0 = time.monotonic()
+        server.close()  # four clients still connected and silent: the close does not wait for them
+        assert time.monotonic() - t0 < 1.0
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", server.port)) != 0, "the port must be closed"
+    finally:
+        server.close()
+        for sock in socks:
+            sock.close()
+
+
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+def test_promtool_accepts_a_scrape_of_every_series(served):
+    status, _, text = get(served.port)
+    assert status == 200
+    check = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert check.returncode == 0 and not check.stdout.strip(), (check.stdout + check.stderr).decode()
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian: apt-get install prometheus)")
+def test_a_real_prometheus_scrapes_every_series(served, tmp_path):
+    web = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs: [{{job_name: podguard, static_configs: [{{targets: ['127.0.0.1:{served.port}']}}]}}]\n"
+    )
+    args = [
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{web}",
+    ]
+    prom = subprocess.Popen([PROMETHEUS, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        target = wait_for(lambda: _scraped(web), "Prometheus's first scrape", timeout=30)
+        assert target["health"] == "up" and target["lastError"] == "", target
+        query = "count by (__name__) ({__name__=~'podguard_.*'})"
+        names = {r["metric"]["__name__"] for r in _api(web, "query", query=query)["result"]}
+        assert {s.name + ("_total" if s.kind == "counter" else "") for s in SERIES} <= names
+    finally:
+        prom.terminate()
+        prom.wait(timeout=10)
+
+
+def _api(port: int, what: str, **params: str):
+    url = f"http://127.0.0.1:{port}/api/v1/{what}?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.load(resp)["data"]
+
+
+def _scraped(port: int):
+    try:
+        targets = _api(port, "targets")["activeTargets"]
+    except OSError:
+        return None
+    return next((t for t in targets if t.get("lastScrape", "").startswith("20")), None)
