@@ -4,7 +4,8 @@
 
 1. The finder on 1,000 Hugging Face `checkpoint-<N>/` folders, each with a 100 MB `model.safetensors` (sparse:
    a real header, then a hole) and a `trainer_state.json`: 100 GB in all. Median of 5 `find_checkpoints` calls
-   (page cache warm, as on a restart), and the bytes the process read for one call (/proc/self/io).
+   (page cache warm, as on a restart), and the bytes the process read for one call (/proc/self/io); then what a
+   restart and a save-wait poll cost (judging newest first until the first whole one / only what is new).
 2. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
 3. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
    `--save-signal USR1`: the steps the next run redoes = the last step done - the step it resumes from.
@@ -81,6 +82,16 @@ def finder(root: Path) -> None:
     print(f"1. finder: {len(finding.checkpoints)} checkpoints, {size}")
     print(f"   find_checkpoints: median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms")
     print(f"   read per call: {got / 1000:.0f} KB ({got / len(finding.checkpoints):.0f} B per checkpoint)")
+    for what, kwargs in (
+        ("before an attempt (until_whole)", {"until_whole": True}),
+        ("a save-wait poll (only the new)", {"until_whole": True, "skip": finding.keys}),
+    ):
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            find_checkpoints(root, **kwargs)
+            times.append(time.perf_counter() - t0)
+        print(f"   {what}: median {statistics.median(times) * 1000:.0f} ms")
 
 
 def big_file(root: Path) -> None:

@@ -3,8 +3,9 @@
 A real keeper process (`podguard pod keep`, fast knobs) keeps one pod while a seeded random driver, for a few
 hundred events (bounded in time), does what real nights do:
 - faults on every request kind the keeper sends: the status GET, the pod listing (the lookup by name), the create,
-  the actions (start, stop, terminate), the log stream; as an HTML 502, a 500, a 429, a dropped connection, a
-  "lost" answer (done, then the connection dropped), a slow answer; 1 to 4 in a row (some outlast --retry-for);
+  the actions (start, stop), the terminate (a DELETE), the log stream; as an HTML 502, a 500, a 429, a dropped
+  connection, a "lost" answer (done, then the connection dropped), a slow answer; 1 to 4 in a row (some outlast
+  --retry-for);
 - what RunPod does to the pod: a stop for maintenance (END signal, then EXITED), ERROR, a vanished pod, a lost
   host (RUNNING, no runtime, silent), a preflight that fails, a resume with zero GPUs;
 - SIGKILL of the keeper at random points, started again after a moment (as RunPod restarts a keeper pod);
@@ -39,7 +40,7 @@ from _common import PODGUARD, ROOT, compile_bytecode
 
 sys.path.insert(0, str(ROOT / "tests" / "pods"))
 from standin_api import StandIn
-from standin_state import PodRecord, Timing
+from standin_state import PodRecord, Timing, same_as
 
 KEY = "rpa_SOAKKEY0123456789abcdefghijklmnop"
 NAME = "soak"
@@ -74,6 +75,7 @@ ROUTES = [  # every request kind the keeper sends
     ("GET", r"^/v2/pods$"),
     ("POST", r"^/v2/pods$"),
     ("POST", r"/action$"),
+    ("DELETE", r"^/v2/pods/[^/]+$"),  # terminate (REST v2: DELETE /v2/pods/{id}): twins, replacements
     ("GET", r"/logs$"),
 ]
 FAULTS = ("html502", "500", "429", "drop", "lost", "slow")
@@ -171,6 +173,7 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
     second = KeeperProc(spec, {**env, "PODGUARD_STATE_DIR": str(work / "state2")}, work / "second.log")
     watch = Watch(api, twin_s)
     done: Counter[str] = Counter()
+    acted: Counter[str] = Counter()
     started = time.monotonic()
     try:
         keeper.start()
@@ -221,7 +224,7 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
             elif what == "heal" and pod is not None:  # `pod heal --replace` from another machine
                 watch.actor_busy.set()
                 try:
-                    _quiet(api.world.create, _body(pod))
+                    _quiet(api.world.create, same_as(pod))
                     time.sleep(0.5)
                     _quiet(api.world.vanish, pod.id)
                     time.sleep(twin_s)  # the keeper's next polls see the old one gone and adopt the new one
@@ -232,6 +235,8 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
                 second.start()
             elif pod is not None:
                 api.world.emit(pod.id, f"step {rng.randint(1, 10**6)} loss {rng.random():.4f}")
+            if pod is not None or what in ("fault", "gpu0", "kill", "second"):
+                acted[what] += 1  # drawn and done (a pod event needs a running pod: drawn without one, it is not)
         soak_s = time.monotonic() - started
         second.stop()
         with api._lock:
@@ -252,6 +257,7 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
             "seed": seed,
             "events": sum(done.values()),
             "by_kind": dict(done),
+            "acted_by_kind": dict(acted),
             "soak_s": round(soak_s, 1),
             "final_exit": final,
             "duplicates": len(watch.duplicates),
@@ -282,17 +288,6 @@ def _settled(api: StandIn, state: Path, since: float) -> str | None:
         # a pod kept before the faults stopped may need a nudge: a healthy job prints, a stopped pod is started
         return None
     return target
-
-
-def _body(pod: PodRecord) -> dict[str, object]:
-    return {
-        "name": pod.name,
-        "image": pod.image,
-        "args": pod.args,
-        "gpu": {"id": "NVIDIA A40", "count": 2},
-        "mounts": pod.mounts,
-        "dataCenterIds": [pod.machine.dc],
-    }
 
 
 def _quiet(action: Callable[..., object], *args: object) -> None:

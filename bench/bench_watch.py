@@ -50,30 +50,33 @@ def heartbeat_us() -> tuple[float, float]:
     return with_board, without
 
 
-def hang_latency(env: dict[str, str], state: Path) -> tuple[float, list[float]]:
-    """(seconds from the last line to exit beyond the timeout and the grace, stack capture ms per worker)."""
+def _hung_run(env: dict[str, str], state: Path, args: list[str], extra: dict[str, str]) -> float:
+    """Run a job that prints a line and hangs; seconds from that line to podguard's exit (which must be 79)."""
     job = state / "stuck.py"
     job.write_text(STUCK)
-    args = ["train", "--mode", "per-gpu", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", str(GRACE_S)]
     proc = subprocess.Popen(
         [*PODGUARD, *args, "--", sys.executable, str(job)],
-        env={**env, "LD_LIBRARY_PATH": "", "PODGUARD_CPU_WORKERS": "2", "PODGUARD_STATE_DIR": str(state)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+        env={**env, "LD_LIBRARY_PATH": "", "PODGUARD_STATE_DIR": str(state), **extra},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
     assert proc.stdout is not None
     last = None
     for line in proc.stdout:
         if line.rstrip().endswith("ready"):
             last = time.monotonic()
     code = proc.wait()
-    ended = time.monotonic()
     if code != 79 or last is None:
         raise SystemExit(f"expected exit 79 after a line, got {code}")
+    return time.monotonic() - last
+
+
+def hang_latency(env: dict[str, str], state: Path) -> tuple[float, list[float]]:
+    """(seconds from the last line to exit beyond the timeout and the grace, stack capture ms per worker)."""
+    args = ["train", "--mode", "per-gpu", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", str(GRACE_S)]
+    took = _hung_run(env, state, args, {"PODGUARD_CPU_WORKERS": "2"})
     record = json.loads(next(state.glob("runs/*/hang/hang.json")).read_text())
     per_worker = [s["duration_ms"] for s in record.get("stacks", []) if s.get("path")]
-    return ended - last - HANG_TIMEOUT_S, per_worker
+    return took - HANG_TIMEOUT_S, per_worker
 
 
 def blocked_py_spy_end(env: dict[str, str], state: Path) -> tuple[float, str]:
@@ -81,8 +84,6 @@ def blocked_py_spy_end(env: dict[str, str], state: Path) -> tuple[float, str]:
     sys.path.insert(0, str(ROOT / "tests" / "launch"))
     from fuse_stall import StallFs
 
-    job = state / "stuck.py"
-    job.write_text(STUCK)
     fake = state / "py-spy"
     with contextlib.ExitStack() as stack:
         if StallFs.available():
@@ -95,20 +96,7 @@ def blocked_py_spy_end(env: dict[str, str], state: Path) -> tuple[float, str]:
             kind = "ignoring SIGTERM"
         fake.chmod(0o755)
         args = ["run", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", str(GRACE_S)]
-        proc = subprocess.Popen(
-            [*PODGUARD, *args, "--", sys.executable, str(job)],
-            env={**env, "LD_LIBRARY_PATH": "", "PODGUARD_STATE_DIR": str(state), "PODGUARD_PY_SPY": str(fake)},
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        last = None
-        for line in proc.stdout:
-            if line.rstrip().endswith("ready"):
-                last = time.monotonic()
-        code = proc.wait()
-        if code != 79 or last is None:
-            raise SystemExit(f"expected exit 79 after a line, got {code}")
-        return time.monotonic() - last, kind
+        return _hung_run(env, state, args, {"PODGUARD_PY_SPY": str(fake)}), kind
 
 
 def main() -> int:

@@ -159,7 +159,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     assert "License-Expression: Apache-2.0" in metadata and "Description-Content-Type: text/markdown" in metadata
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.MULTILINE)
     core = [r for r in requires if "extra ==" not in r]
-    assert sorted(r.split("<")[0].split(">")[0] for r in core) == ["nvidia-ml-py", "typer"], core
+    assert sorted(r.split("<")[0].split(">")[0] for r in core) == ["nvidia-ml-py", "prometheus_client", "typer"], core
 
     python = make_venv(tmp_path / "venv")
     pip = subprocess.run(

@@ -117,7 +117,8 @@ def collect(out: Path) -> None:
     args = ["train", "--mode", "per-gpu", "--restarts", "1", "--max-cost", str(MAX_COST), "--idle-memory-mib", "81559"]
     argv = [sys.executable, "-m", "podguard", *args, "--metrics-port", str(port), "--", sys.executable, str(job)]
     started = time.time()
-    run = subprocess.Popen([*argv, str(stop)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = (tmp / "podguard.log").open("w")  # (a pipe nobody reads fills up and blocks podguard's loop)
+    run = subprocess.Popen([*argv, str(stop)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         drive(node, run, started, XidSpec)
         run.wait(timeout=120)
@@ -125,7 +126,7 @@ def collect(out: Path) -> None:
         end = time.time()
         queries = evaluate(f"http://127.0.0.1:{prom_port}", started, end)
         out.write_text(json.dumps({"start": started, "end": end, "panels": queries}, indent=1))
-        print(f"podguard exited {run.returncode}; {len(queries)} panels -> {out}")
+        print(f"podguard exited {run.returncode} (its output: {log.name}); {len(queries)} panels -> {out}")
     finally:
         stop.touch()
         for proc in (run, prom):

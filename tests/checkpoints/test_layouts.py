@@ -287,3 +287,50 @@ def test_a_restart_judges_only_until_the_newest_whole_checkpoint(tmp_path):
     assert [c.name for c in f.checkpoints] == ["checkpoint-20"] and len(f.keys) == 20
     assert got < 1_000_000  # one trainer_state.json (and headers), not twenty
     assert len(find_checkpoints(tmp_path, skip=f.keys).checkpoints) == 0
+
+
+@pytest.mark.parametrize("target", ["step-5.pt", "step_6"])
+def test_a_latest_symlink_is_no_deepspeed_tracker(tmp_path, target):
+    """A user's `latest -> step-5.pt` is not DeepSpeed's tracker file: its bytes name no tag folder."""
+    w.torch_file(tmp_path / "step-5.pt")
+    w.dcp_folder(tmp_path / "step_6")
+    (tmp_path / "latest").symlink_to(target)
+    f = find_checkpoints(tmp_path)
+    assert [(c.name, c.layout, c.whole) for c in f.checkpoints] == [
+        ("step_6", Layout.DCP, True),
+        ("step-5.pt", Layout.TORCH, True),
+    ]
+
+
+def test_a_data_set_beside_the_checkpoints_is_not_walked(tmp_path, monkeypatch):
+    """DIR = /workspace with a data set in it: one listing of `data/`, not a walk of its files (on a network
+    volume each stat is a round trip, before every attempt and every poll of the save wait)."""
+    w.torch_file(tmp_path / "step-1.pt")
+    for a in range(5):
+        for b in range(5):
+            (tmp_path / "data" / f"shard{a}" / f"part{b}").mkdir(parents=True)
+    listed: list[str] = []
+    real = os.scandir
+
+    def counting(path="."):
+        listed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", counting)
+    f = find_checkpoints(tmp_path)
+    assert f.chosen is not None and f.chosen.name == "step-1.pt"
+    assert sorted(listed) == [str(tmp_path), str(tmp_path / "data")]
+
+
+def test_accelerate_save_state_named_checkpoint_n_as_the_diffusers_scripts_do(tmp_path):
+    """`accelerator.save_state(f"{out}/checkpoint-{step}")` has no trainer_state.json: it is accelerate's layout,
+    whole once random_states_0.pkl (written last) is."""
+    pytest.importorskip("accelerate")
+    folder = w.accelerate_state(tmp_path / "checkpoint-500")
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= set(os.listdir(folder))
+    c = only(tmp_path)
+    assert (c.layout, c.step, c.whole) == (Layout.ACCELERATE, 500, True)
+    w.truncate(folder / "random_states_0.pkl", 0.5)
+    assert only(tmp_path).why == "random_states_0.pkl: its zip central directory does not read (cut short?)"
+    (folder / "random_states_0.pkl").unlink()
+    assert only(tmp_path).why == "no random_states_0.pkl (accelerate writes it last: the save did not finish)"

@@ -84,3 +84,20 @@ def test_the_callback_saves_on_the_signal_and_the_fit_resumes_from_it(tmp_path, 
     counted = Count()
     trainer = fit(tmp_path, 8, [counted], ckpt_path=resume_from())
     assert trainer.global_step == 8 and counted.steps == [5, 6, 7, 8]  # went on from step 4
+
+
+@pytest.mark.parametrize("save_last", [True, "link"])
+def test_lightnings_last_ckpt_gets_its_step_from_its_metadata(tmp_path, save_last):
+    """ModelCheckpoint(save_last=True) copies the newest checkpoint to last.ckpt (no step in the name: the step
+    comes from its data.pkl); save_last="link" makes it a symlink (listed once, as its target)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    ckpt = tmp_path / "ckpt"
+    every = ModelCheckpoint(dirpath=ckpt, every_n_train_steps=5, save_top_k=-1, save_last=save_last)
+    trainer = fit(tmp_path, 12, [every])
+    trainer.strategy.barrier()
+    finding = find_checkpoints(ckpt)
+    assert finding.chosen is not None and finding.chosen.step == 10
+    assert resume_env(finding)["PODGUARD_RESUME_STEP"] == "10"
+    names = [c.name for c in finding.checkpoints]
+    assert names == (["last.ckpt"] if save_last is True else []) + ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt"]

@@ -91,3 +91,23 @@ def age(path: Path, seconds_ago: float) -> None:
     targets = [path] if path.is_file() else [*path.rglob("*"), path]
     for p in targets:
         os.utime(p, (t, t))
+
+
+ACCELERATE_SAVE = """
+import sys, torch
+from accelerate import Accelerator
+acc = Accelerator(cpu=True)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+acc.save_state(sys.argv[1])
+"""
+
+
+def accelerate_state(folder: Path) -> Path:
+    """accelerate's own `Accelerator.save_state(folder)` (in a subprocess: accelerate's state is per process)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", ACCELERATE_SAVE, str(folder)], check=True, capture_output=True)
+    return folder

@@ -49,8 +49,8 @@ def lightning(node, *args: str, mode: str, devices: int, step_s: float) -> subpr
 
 def test_a_healthy_lightning_job_with_its_default_bar_is_not_hung(node):
     """RichProgressBar (rich is installed) drew nothing on a pipe until the end: a job stepping at 4 it/s for 10 s
-    under a 6 s hang timeout was 79. The bar now draws on podguard's pipe and each redraw is progress."""
-    proc = lightning(node, "--hang-timeout", "6", mode="healthy", devices=1, step_s=0.25)
+    under an 8 s hang timeout was 79. The bar now draws on podguard's pipe and each redraw is progress."""
+    proc = lightning(node, "--hang-timeout", "8", mode="healthy", devices=1, step_s=0.25)
     assert proc.returncode == 0, said(proc)[-3000:]
     assert "HUNG" not in said(proc)
     redraws = [line for line in proc.stdout.splitlines() if line.startswith("Epoch 0/0")]
@@ -61,7 +61,7 @@ def test_a_healthy_lightning_job_with_its_default_bar_is_not_hung(node):
 @needs_pyspy
 def test_a_lightning_hang_keeps_its_stuck_function_in_the_evidence(node, tmp_path):
     started = time.monotonic()
-    proc = lightning(node, "--hang-timeout", "6", mode="hang", devices=2, step_s=0.05)
+    proc = lightning(node, "--hang-timeout", "8", mode="hang", devices=2, step_s=0.05)
     assert proc.returncode == 79, said(proc)[-3000:]
     assert time.monotonic() - started < 90
     out = said(proc)

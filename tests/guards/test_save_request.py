@@ -26,6 +26,19 @@ def test_a_hung_job_gets_no_save_request(tmp_path):
     assert not save.waiting
 
 
+class NoWorkers:
+    """A supervisor whose workers have all ended (or a launcher that has not started its ranks yet)."""
+
+    def __init__(self) -> None:
+        self.workers: dict[str, object] = {}
+
+
+def test_no_training_process_to_ask_is_said(tmp_path):
+    save = SaveBeforeStop(SaveSettings(int(signal.SIGUSR1), 60.0, tmp_path), hung=lambda: False)
+    assert save.start(NoWorkers(), done=lambda note: None) is False  # type: ignore[arg-type]
+    assert save.note == "no save request (SIGUSR1): no training process to ask"
+
+
 def test_the_guard_line_says_whether_it_saved():
     trip = Trip("--max-runtime", "the job has run 2s (limit 2s)")
     assert trip.message == "billing guard --max-runtime: the job has run 2s (limit 2s)"
@@ -51,7 +64,7 @@ def test_a_new_checkpoint_is_progress_for_the_crash_loop_rule(saved, progress):
         (["python", "-m", "accelerate.commands.launch", "train.py"], True),
         (["/venv/bin/python3.11", "-u", "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"], True),
         (["python3", "/usr/local/bin/torchrun", "t.py"], True),
-        (["python", "-m", "podguard.rank.wrap", "--", "python", "t.py"], True),
+        (["python", "-mpodguard.rank.wrap", "t.py", "--", "python", "-u", "t.py"], True),
         (["python", "-u", "train.py"], False),
         (["python", "-X", "dev", "train.py"], False),
         (["python", "-m", "mypkg.train"], False),

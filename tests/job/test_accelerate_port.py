@@ -12,6 +12,8 @@ import pytest
 from jobproc import run_podguard, script
 from podguard.job.accelerate import with_main_process_port
 
+MINE = ["--config_file", "mine.yaml"]
+
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
@@ -31,6 +33,12 @@ from podguard.job.accelerate import with_main_process_port
         (["accelerate", "launch", "--main_process_port", "1234", "t.py"], None),  # the user's own port stays
         (["accelerate", "launch", "--main_process_port=1234", "t.py"], None),
         (["accelerate", "launch", "--config_file", "c.yaml", "t.py"], None),  # its config may set the port
+        (["accelerate", "launch", "--num_processes", "2", "--main_process_port", "1234", "t.py"], None),
+        (["accelerate", "launch", "--num_processes", "2", "--config_file", "c.yaml", "t.py"], None),
+        (
+            ["accelerate", "launch", "--num_processes", "2", "t.py", *MINE],  # the script's own option
+            ["accelerate", "launch", "--main_process_port", "29612", "--num_processes", "2", "t.py", *MINE],
+        ),
         (["accelerate", "env"], None),
         (["python", "train.py", "--main_process_port"], None),
     ],

@@ -121,23 +121,29 @@ sys.exit(5)
     assert "crash loop: 3 attempts in a row failed the same way" in said(proc)
 
 
-SAVES_ON_SIGNAL = """
-def on_signal(*_):
-    save(99)
-    print("saved on the signal", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGUSR1, on_signal)
+TRAINING = """
 print("training", flush=True)
 while True:
     time.sleep(0.05)
 """
 
-IGNORES_SIGNAL = """
-signal.signal(signal.SIGUSR1, lambda *_: print("ignoring the save request", flush=True))
-print("training", flush=True)
-while True:
-    time.sleep(0.05)
+SAVES_ON_SIGNAL = (
+    """
+def on_signal(*_):
+    save(99)
+    print("saved on the signal", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_signal)
 """
+    + TRAINING
+)
+
+IGNORES_SIGNAL = (
+    """
+signal.signal(signal.SIGUSR1, lambda *_: print("ignoring the save request", flush=True))
+"""
+    + TRAINING
+)
 
 
 def test_max_runtime_with_save_signal_saves_then_ends_within_the_grace(node, tmp_path):
@@ -176,7 +182,7 @@ def test_a_job_that_ignores_the_save_signal_is_ended_after_the_grace(node, tmp_p
 def test_a_job_without_a_handler_dies_of_the_save_signal_and_no_save_is_claimed(node, tmp_path):
     """SIGUSR1's default action ends the process: the guard's line says so, the END line is the guard's."""
     ckpt = tmp_path / "ckpt"
-    path = job(tmp_path, "no_handler.py", 'print("training", flush=True)\nwhile True:\n    time.sleep(0.05)\n')
+    path = job(tmp_path, "no_handler.py", TRAINING)
     args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1s", "--save-grace", "20s"]
     proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
     out = said(proc)
@@ -199,6 +205,20 @@ def test_a_shell_wrapper_passes_the_save_signal_to_the_training_process(node, tm
     assert "SIGUSR1 to 1 process(es)" in out and "saved on the signal" in out
     assert f"saved checkpoint {ckpt / 'step-99'} (step 99)" in out
     assert "saved on the signal" in (tmp_path / "log").read_text()  # tee lived on
+
+
+def test_idle_stop_with_save_signal_asks_the_idle_job_to_save_first(node, tmp_path):
+    """The idle guard (the fake node's GPUs at 0 %) takes the same path as --max-runtime: save, then end."""
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "saves.py", SAVES_ON_SIGNAL)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--idle-stop", "1s", "--save-grace", "20s"]
+    env = {"PODGUARD_GUARD_INTERVAL": "0.1"}
+    proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], env=env)
+    out = said(proc)
+    assert proc.returncode == 124, out[-3000:]
+    guard = next(ln for ln in out.splitlines() if "not inside a RunPod pod" in ln)
+    assert guard.startswith("podguard: billing guard --idle-stop: every GPU at or below 5 % utilisation")
+    assert f"saved checkpoint {ckpt / 'step-99'} (step 99)" in guard
 
 
 @pytest.mark.parametrize(
@@ -247,7 +267,7 @@ def test_in_torchrun_mode_the_ranks_get_the_save_signal_and_torchrun_survives_it
     ckpt = tmp_path / "ckpt"
     path = job(tmp_path, "ddp.py", TORCHRUN_SAVES)
     args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--checkpoints", str(ckpt), "--save-signal", "USR1"]
-    args += ["--max-runtime", "6s", "--grace", "2"]
+    args += ["--max-runtime", "6s", "--grace", "2", "--save-grace", "20s"]
     proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
     out = said(proc)
     assert proc.returncode == 124, out[-3000:]
@@ -256,23 +276,18 @@ def test_in_torchrun_mode_the_ranks_get_the_save_signal_and_torchrun_survives_it
     assert f"saved checkpoint {ckpt / 'step-42'} (step 42)" in out
 
 
-def test_runpods_sigterm_is_forwarded_at_once_without_a_save_request(node, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    path = job(
-        tmp_path,
-        "term.py",
-        """
+TERM_JOB = """
 signal.signal(signal.SIGUSR1, lambda *_: print("save request", flush=True))
 def on_term(*_):
     print("got SIGTERM", flush=True)
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
-print("training", flush=True)
-while True:
-    time.sleep(0.05)
-""",
-    )
-    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1h"]
+"""
+
+
+def sigterm_once(node, args: list[str], path: str, ckpt: Path, after: str) -> tuple[str, float]:
+    """`podguard ARGS -- job`, SIGTERM to podguard (as RunPod stops a pod) once `after` is printed: (output,
+    seconds from the SIGTERM to podguard's exit)."""
     env = {**node.env, "LD_LIBRARY_PATH": ""}
     with subprocess.Popen(
         [*PODGUARD, *args, "--", sys.executable, "-u", path, str(ckpt)],
@@ -285,12 +300,29 @@ while True:
         lines = []
         for line in proc.stdout:
             lines.append(line)
-            if line.strip() == "training":
+            if line.strip() == after:
                 break
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
         took = time.monotonic() - t0
-    out = "".join(lines) + rest
+    return "".join(lines) + rest, took
+
+
+def test_runpods_sigterm_is_forwarded_at_once_without_a_save_request(node, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "term.py", TERM_JOB + TRAINING)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1h"]
+    out, took = sigterm_once(node, args, path, ckpt, "training")
     assert "got SIGTERM" in out and "save request" not in out and "asking the job to save" not in out
+    assert took < 5
+
+
+def test_runpods_sigterm_during_the_save_wait_is_forwarded_at_once(node, tmp_path):
+    """The guard asked for a save (grace 60 s) and the job is slow: RunPod's stop does not wait for it."""
+    ckpt = tmp_path / "ckpt"
+    path = job(tmp_path, "term.py", TERM_JOB + TRAINING)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "1s", "--save-grace", "60s"]
+    out, took = sigterm_once(node, args, path, ckpt, "save request")
+    assert "got SIGTERM" in out and "received SIGTERM: forwarding it to 1 worker(s)" in out
     assert took < 5

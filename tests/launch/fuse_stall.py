@@ -2,6 +2,8 @@
 
     with StallFs(tmp_path / "mnt") as fs:      # None-safe: StallFs.available() says whether it can mount here
         subprocess.Popen(["cat", str(fs.file)])   # blocks in D state in fuse's request_wait_answer
+    with StallFs(tmp_path / "mnt", stall_lookups=True) as fs:   # a stalled network volume: any path under it
+        (fs.mountpoint / "hang").mkdir()          # blocks (its LOOKUP is never answered)
     # leaving aborts the connection (the reader gets ENOTCONN and exits), then unmounts
 
 Why: a GPU hang leaves processes in uninterruptible sleep in the driver; py-spy or a /proc read of such a process
@@ -34,8 +36,9 @@ NAME = "stall"
 
 
 class StallFs:
-    def __init__(self, mountpoint: Path) -> None:
+    def __init__(self, mountpoint: Path, *, stall_lookups: bool = False) -> None:
         self.mountpoint = mountpoint
+        self.stall_lookups = stall_lookups  # also never answer a name's lookup: every path below blocks
         self.file = mountpoint / NAME
         self.fd = -1
         self.reads = 0  # READ requests received (and never answered)
@@ -81,7 +84,7 @@ class StallFs:
             body = data[IN_HEADER.size :]
             if opcode in NO_REPLY:
                 continue
-            if opcode == READ:
+            if opcode == READ or (opcode == LOOKUP and self.stall_lookups):
                 self.reads += 1
                 continue  # never answered
             self._answer(opcode, unique, nodeid, body)

@@ -450,3 +450,35 @@ def test_an_nvml_call_that_never_returns_is_a_finding_not_a_frozen_supervisor(nv
     assert "rank 1 step 14" in out  # the workers' lines kept flowing through the loop
     (run,) = sorted((tmp_path / "state" / "runs").iterdir())
     assert "NVML has not answered" in (run / "watch.json").read_text()
+
+
+def test_a_fatal_xid_ends_the_job_when_the_poll_sees_it_not_at_the_loops_next_tick(nvml_node, tmp_path):
+    """The poller's thread wakes the loop as soon as a poll finds a fault: with the loop's tick at 30 s, an Xid 79
+    still ends the job in about a second (it waited for the next tick: up to a tick more than before the thread)."""
+    import threading
+
+    from podguard.launch.run import run_job
+    from podguard.launch.spec import WorkerSpec
+    from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+
+    scenario = nvml_node.write(healthy_h100(2))
+    gpus = open_gpu_fault_watch(selected(scenario, [0]))
+    assert gpus is not None
+    watch = RuntimeWatch(RuntimeSettings(gpus=tuple(selected(scenario, [0])), tick_s=30.0), tmp_path, gpu_watch=gpus)
+    worker = WorkerSpec("GPU0", (sys.executable, "-c", "import time; time.sleep(60)"), gpus=(0,))
+    faulted: list[float] = []
+
+    def fault() -> None:
+        time.sleep(1.0)
+        scenario.xids.append(XidSpec(gpu=0, xid=79, after_ms=0))
+        nvml_node.write(scenario)
+        faulted.append(time.monotonic())
+
+    threading.Thread(target=fault, daemon=True).start()
+    with open("/dev/null", "wb") as devnull:
+        try:
+            outcome = run_job([worker], grace_s=1, watch=watch, out=devnull, summary=False)
+        finally:
+            watch.close()
+    assert outcome.exit_code == 76, outcome
+    assert time.monotonic() - faulted[0] < 6.0  # one poll (1 s), SIGTERM, the end; was the 30 s tick

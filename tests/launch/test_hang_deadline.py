@@ -51,13 +51,15 @@ def _with_cmdline(needle: str) -> list[int]:
     return [p for p in found if _running(p)]
 
 
-def _run_hung_job(node, tmp_path: Path, py_spy: Path) -> tuple[int, str, float, int]:
-    job = script(tmp_path, "stuck.py", JOB)
+def _run_hung_job(
+    node, tmp_path: Path, py_spy: Path, *, grace_s: float = 1, job_text: str = JOB
+) -> tuple[int, str, float, int]:
+    job = script(tmp_path, "stuck.py", job_text)
     env = {
         **node.env, "LD_LIBRARY_PATH": "", "PODGUARD_PY_SPY": str(py_spy), "PODGUARD_HANG_END_S": str(END_S),
         "PIDFILE": str(tmp_path / "pid"),
     }  # fmt: skip
-    args = ["run", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", "1", "--", sys.executable, job]
+    args = ["run", "--hang-timeout", str(HANG_TIMEOUT_S), "--grace", f"{grace_s:g}", "--", sys.executable, job]
     proc = subprocess.Popen(
         [*PODGUARD, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         stdin=subprocess.DEVNULL,
@@ -111,3 +113,59 @@ def test_a_py_spy_that_ignores_sigterm_does_not_delay_the_end(cli_node, tmp_path
         time.sleep(0.05)
     assert _with_cmdline(str(fake)) == [], "the stand-in py-spy was left running"
     assert os.path.exists(fake)
+
+
+def test_a_long_grace_does_not_keep_a_hung_job_past_the_deadline(cli_node, tmp_path):
+    """--grace 30 (time for a save on SIGTERM, which a rank stuck in a collective never runs) and a job that does
+    not end on SIGTERM: the grace after a hang is what is left of the 60 s (it was the full 30 s past it)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    deaf = JOB.replace(
+        "import os, pathlib, time",
+        "import os, pathlib, signal, time\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+    )
+    code, out, ended, pid = _run_hung_job(cli_node, tmp_path, fake, grace_s=30, job_text=deaf)
+    assert code == 79, out[-3000:]
+    assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]  # was 2 + 1 + 30 s
+    assert "SIGKILL" in out and not _running(pid)
+
+
+def test_a_stalled_state_volume_never_blocks_the_loops_records(tmp_path):
+    """The state dir is usually a network volume, and its stall may be what hung the job: the records the loop
+    writes (the incomplete evidence at the deadline, watch.json at the end) are waited for briefly, never for
+    ever (the loop wrote them itself: the job never ended)."""
+    import threading
+
+    from podguard.launch.watch.evidence import HangEvidence
+    from podguard.launch.watch.progress import Hang
+    from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+
+    if not StallFs.available():
+        pytest.skip("needs root and /dev/fuse (a FUSE file system that never answers)")
+    with StallFs(tmp_path / "mnt", stall_lookups=True) as fs:
+        evidence = HangEvidence(Hang(3.0, "none"), fs.mountpoint / "hang", {}, {}, {}, flight=False, job_env={})
+        watch = RuntimeWatch(RuntimeSettings(), fs.mountpoint / "run")
+        told: list[list[str]] = []
+        calls = [lambda: told.append(evidence.unfinished(44.0)), watch.close]
+        threads = [threading.Thread(target=call, daemon=True) for call in calls]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, started + 5.0 - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "a record write blocked on the stalled volume"
+        assert fs.reads >= 1  # the volume really stalled (the second write waits behind the first lookup)
+    assert told and told[0][-1].startswith("evidence incomplete after 44 s")
+
+
+def test_a_long_grace_never_starves_the_evidence():
+    """The 60 s after a hang: the evidence gets 44 s whatever --grace says (it got 1 s from --grace 51 on: the
+    stacks were never kept), and the grace of the hung job is what is left, at least 1 s."""
+    from podguard.launch.watch.evidence import evidence_deadline_s, hang_grace_s
+
+    assert evidence_deadline_s(60.0, 1.0, grace_s=7.0) == evidence_deadline_s(60.0, 1.0, grace_s=120.0) == 44.0
+    assert evidence_deadline_s(60.0, 1.0, grace_s=2.0) == 49.0  # a short grace leaves the evidence more
+    assert hang_grace_s(60.0, 1.0, found_at=100.0, now=144.0) == 7.0  # the evidence took all of its 44 s
+    assert hang_grace_s(60.0, 1.0, found_at=100.0, now=103.0) == 48.0  # it was quick: the grace may be longer
+    assert hang_grace_s(60.0, 1.0, found_at=100.0, now=170.0) == 1.0

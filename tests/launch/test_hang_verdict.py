@@ -76,3 +76,65 @@ def test_only_ranks_are_compared_other_processes_keep_their_stacks():
     lines = hang_summary([waiting, stuck, worker])
     assert lines[2].endswith("rank 1 is the likely stuck rank") and not any("child" in ln for ln in lines[:3])
     assert lines[-1] == "also kept: the stacks of 1 of 1 other process(es) (child), not compared"
+
+
+def rank_at(rank: int, *inner: Frame, user: Frame = USER, role: str = "rank") -> RankStacks:
+    """A rank whose main thread is in `inner` (innermost first) below the user's frame `user`."""
+    pid = 1000 + rank
+    threads = (stacks.ThreadStack(pid, "MainThread", False, (*inner, user, frame("<module>", "/work/train.py"))),)
+    target = StackTarget(pid, rank, rank, None, "torchrun", role)
+    where, collective = stacks._where(target, threads)
+    return RankStacks(target, None, threads, where, None, 1.0, collective)
+
+
+BACKWARD = frame("_engine_run_backward", f"{SITE}/torch/autograd/graph.py")
+ALL_REDUCE = frame("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py")
+NEXT = (frame("_MultiProcessingDataLoaderIter._next_data", f"{SITE}/torch/utils/data/dataloader.py"),
+        frame("_BaseDataLoaderIter.__next__", f"{SITE}/torch/utils/data/dataloader.py"))  # fmt: skip
+LOOP = frame("train", "/work/train.py", 30)
+
+
+def test_all_ranks_in_backwards_all_reduce_name_no_rank():
+    lines = hang_summary([rank_at(r, BACKWARD) for r in range(4)])
+    assert lines[-1].startswith(f"all 4 ranks wait in {BACKWARD_WAIT}") and "none differs" in lines[-1]
+    assert not any("likely stuck" in ln for ln in lines)
+
+
+def test_one_rank_in_the_data_loader_while_the_others_all_reduce_is_named():
+    ranks = [rank_at(0, ALL_REDUCE), rank_at(1, *NEXT, user=LOOP), rank_at(2, ALL_REDUCE), rank_at(3, ALL_REDUCE)]
+    assert ranks[1].collective is None  # (the loader's queue waits are not torch.distributed's)
+    assert hang_summary(ranks)[-1].endswith("rank 1 is the likely stuck rank")
+
+
+def test_fsdp_post_backward_waits_and_a_rank_sleeping_in_user_code():
+    post = (frame("wait", f"{SITE}/torch/distributed/distributed_c10d.py"),
+            frame("_reduce_grad", f"{SITE}/torch/distributed/fsdp/_runtime_utils.py"),
+            frame("_post_backward_hook", f"{SITE}/torch/distributed/fsdp/_runtime_utils.py"), BACKWARD)  # fmt: skip
+    sleeper = rank_at(2, frame("sleep", "<built-in>"), user=frame("log_metrics", "/work/train.py", 77))
+    ranks = [rank_at(0, *post), rank_at(1, *post), sleeper]
+    assert ranks[0].collective == "_post_backward_hook"
+    assert hang_summary(ranks)[-1].endswith("rank 2 is the likely stuck rank")
+
+
+def test_most_ranks_outside_a_collective_are_not_all_called_stuck():
+    """One rank in a barrier, three at the same `.item()` (NCCL: a GPU wait, no Python collective frame): the three
+    are not 'the likely stuck ranks' (the one in the barrier differs)."""
+    item = frame("train", "/work/train.py", 52)
+    ranks = [rank_at(0, frame("barrier", f"{SITE}/torch/distributed/distributed_c10d.py"))]
+    ranks += [rank_at(r, user=item) for r in (1, 2, 3)]
+    verdict = hang_summary(ranks)[-1]
+    assert "likely stuck" not in verdict and verdict.endswith("rank 0 differs from the rest"), verdict
+
+
+def test_helpers_and_loader_workers_are_never_ranks_in_the_verdict():
+    ranks = [rank_at(0, ALL_REDUCE), rank_at(1, ALL_REDUCE)]
+    others = [rank_at(0, *NEXT, user=LOOP, role="child"), rank_at(9, frame("main", "/work/x.py"), role="helper")]
+    lines = hang_summary([*ranks, *others])
+    assert "none differs" in lines[-2] and not any("likely stuck" in ln for ln in lines)
+    assert lines[-1] == "also kept: the stacks of 2 of 2 other process(es) (child, helper), not compared"
+
+
+def test_ranks_waiting_in_different_collectives_name_no_stuck_rank():
+    ranks = [rank_at(0, ALL_REDUCE), rank_at(1, ALL_REDUCE), rank_at(2, BACKWARD)]
+    verdict = hang_summary(ranks)[-1]
+    assert "likely stuck" not in verdict and verdict.endswith("rank 2 differs from the rest"), verdict

@@ -343,3 +343,19 @@ def test_the_root_cause_of_ranks_sharing_one_pipe_is_the_first_error_by_time():
     lead = summary.index("first error in the output of job: ValueError: rank 0: loss is NaN at step 3")
     assert lead < summary.index("rank 1: shutting down 24")  # it leads; the last lines follow
     assert "Connection closed by peer" not in summary[lead : summary.index("last ")]
+
+
+def test_the_log_file_watchers_and_tail_get_plain_text_while_the_terminal_keeps_colours(tmp_path: Path):
+    """rich under TTY_COMPATIBLE colours numbers and links its log lines (OSC 8); a hidden rank's line too."""
+    p, out = _printer()
+    s = p.add("job", None, log_path=tmp_path / "job.log")
+    seen: list[str] = []
+    p.watch_all(lambda name, line: seen.append(line))
+    link = b"\x1b]8;id=1;file:///x.py\x1b\\x.py\x1b]8;;\x1b\\"
+    coloured = b"step \x1b[1;36m5\x1b[0m " + link + b"\n"
+    _feed_all(p, s, [coloured, b"\x1b[0m\n", HIDDEN + b"rank1: \x1b[31mboom\x1b[0m\n"])
+    p.finish()
+    assert out.getvalue() == coloured + b"\x1b[0m\n"
+    assert seen == ["step 5 x.py", "rank1: boom"]
+    assert (tmp_path / "job.log").read_bytes() == b"step 5 x.py\nrank1: boom\n"
+    assert p.tail("job") == ("step 5 x.py", "rank1: boom")

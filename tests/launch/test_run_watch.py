@@ -5,7 +5,6 @@ for GPU faults (Xids and a lost GPU written into its scenario while the job runs
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -507,21 +506,12 @@ def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, 
 
 
 def test_a_full_state_dir_degrades_to_warnings_and_the_job_runs(node, tmp_path):
-    state = tmp_path / "full"
-    state.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(state)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
-        fd = os.open(state / "fill", os.O_WRONLY | os.O_CREAT)
-        with pytest.raises(OSError):
-            while True:
-                os.write(fd, b"\0" * 4096)
-        os.close(fd)
+    from fulltmpfs import full_tmpfs
+
+    with full_tmpfs(tmp_path / "full") as state:
         job = script(tmp_path, "beats.py", "from podguard.rank import heartbeat\nfor s in range(3): heartbeat(s)\n")
         args = ["run", "--hang-timeout", "30", "--", sys.executable, job]
         proc = pg(node, args, env={"PODGUARD_STATE_DIR": str(state)})
-    finally:
-        subprocess.run(["umount", "-l", str(state)], check=False)
     assert proc.returncode == 0, said(proc)[-3000:]  # was: OSError: No space left on device, a traceback
     assert "Traceback" not in said(proc)
     assert end_line(proc.stderr).startswith("podguard run: END success exit 0")

@@ -196,6 +196,9 @@ def test_launching_torchrun_inside_torchrun_or_nothing_is_refused(argv):
         (["python", "-m", "accelerate.commands.launch", "train.py"], "python -m accelerate.commands.launch"),
         (["python", "-m", "deepspeed.launcher.runner", "train.py"], "python -m deepspeed.launcher.runner"),
         (["mpirun", "-np", "2", "python", "train.py"], "mpirun"),
+        (["accelerate-launch", "train.py"], "accelerate launch"),  # accelerate's own console script
+        (["python", "/opt/venv/bin/accelerate", "launch", "train.py"], "accelerate launch"),
+        (["deepspeed.pt", "train.py"], "deepspeed"),
     ],
 )
 def test_any_launcher_inside_torchrun_mode_is_refused_naming_it_and_what_to_do(argv, named):
@@ -205,6 +208,20 @@ def test_any_launcher_inside_torchrun_mode_is_refused_naming_it_and_what_to_do(a
     assert err.value.code == 64
     text = str(err.value)
     assert named in text and "--mode single -- " + argv[0] in text and "training script itself" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "deepspeed_train.py"],
+        ["python", "-m", "my_accelerate_utils"],
+        ["/opt/accelerate/bin/python", "train.py"],
+        ["./deepspeed_train.py"],
+        ["python", "accelerate.py"],
+    ],
+)
+def test_a_script_or_module_that_only_sounds_like_a_launcher_is_not_refused(argv):
+    assert classify_command(argv, {"PATH": os.path.dirname(sys.executable)}).kind in ("script", "module")
 
 
 def test_the_agent_and_so_every_rank_get_line_buffered_stdio_and_richs_tty_switches(tmp_path):

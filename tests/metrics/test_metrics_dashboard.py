@@ -1,4 +1,5 @@
-"""The Grafana dashboard (docs/grafana/podguard-dashboard.json) as Grafana's import and Prometheus read it.
+"""The Grafana dashboard (docs/grafana/podguard-dashboard.json) as Grafana's import and Prometheus read it, and
+docs/metrics.md's table of series and scrape config against the code and promtool.
 
 Why: a dashboard that imports but queries a series podguard does not export, or applies rate() to a gauge (a step
 that drops on a restart from a checkpoint reads as a counter reset: a spike), shows wrong graphs without an error.
@@ -113,3 +114,58 @@ def test_every_query_parses_as_promql(tmp_path):
     path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
     check = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_docs_table_is_the_series_podguard_exports():
+    """docs/metrics.md's table of series (name, type, labels) is what the code exports, word for word."""
+    text = (DASHBOARD.parents[1] / "metrics.md").read_text()
+    rows = re.findall(r"^\| `(podguard_\w+)` \| (gauge|counter) \|([^|]*)\|", text, re.M)
+    documented = {(name, kind, tuple(re.findall(r"`(\w+)`", labels))) for name, kind, labels in rows}
+    exported = {(s.name + ("_total" if s.kind == "counter" else ""), s.kind, s.labels) for s in SERIES}
+    assert documented == exported
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+def test_the_docs_scrape_config_is_valid_for_prometheus(tmp_path):
+    text = (DASHBOARD.parents[1] / "metrics.md").read_text()
+    [config] = re.findall(r"```yaml\n(scrape_configs:.*?)```", text, re.S)
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config)
+    check = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "proxy.runpod.net" in config and "scheme: https" in config
+
+
+ANNOTATION_CASES = {  # annotation -> [(input series every 15 s, the values it gives at 1m over [1m])]
+    "Restarts": [
+        (  # the first launch after the preflight is not a relaunch
+            {"podguard_job_attempt": "0 0 1 1 1 1 1", "podguard_job_restarts_total": "0 0 0 0 0 0 0"},
+            [],
+        ),
+        ({"podguard_job_attempt": "1 1 1 2 2 2 2", "podguard_job_restarts_total": "0 0 0 1 1 1 1"}, [1]),
+    ],
+    "Fatal GPU faults": [
+        ({"podguard_gpu_healthy": "1 1 1 1 1 1 1"}, []),
+        ({"podguard_gpu_healthy": "1 1 1 0 0 0 0"}, [1]),
+    ],
+}
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+def test_the_annotations_mark_relaunches_and_faults_only(tmp_path):
+    """Each annotation's PromQL evaluated by promtool's rule unit tests over series as podguard exports them."""
+    annotations = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
+    values = {**GRAFANA_VARS, "instance": ".*"}
+    tests = []
+    for name, cases in ANNOTATION_CASES.items():
+        expr = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], annotations[name])
+        for series, expected in cases:
+            labels = '{instance="pod:9464",gpu="0",uuid="GPU-a",model="H100"}'
+            inputs = [{"series": f"{metric}{labels}", "values": v} for metric, v in series.items()]
+            samples = [{"labels": "{" + labels[1:], "value": v} for v in expected]
+            check = {"expr": expr, "eval_time": "1m", "exp_samples": samples}
+            tests.append({"interval": "15s", "input_series": inputs, "promql_expr_test": [check]})
+    path = tmp_path / "annotations.json"
+    path.write_text(json.dumps({"rule_files": [], "evaluation_interval": "15s", "tests": tests}))
+    run = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -1,6 +1,6 @@
 """The metrics port closes however the run ends: podguard itself told to stop (SIGTERM, as RunPod's stop does), a
-worker killed (SIGKILL), a billing guard (--max-runtime), a hang (79); and a scraper that connects and never sends
-its request does not hold the end up.
+worker killed (SIGKILL), a billing guard (--max-runtime), a hang (79); a scraper that connects and never sends
+its request does not hold the end up; and the textfile's last write says the run is over (`podguard_up 0`).
 
 Why: a port left open after the run is a dashboard that shows a dead job as `podguard_up 1` (or a container that
 cannot start its next run on the port); a stuck scraper must never keep the supervisor from ending. Each case
@@ -9,8 +9,10 @@ runs the real `podguard run` on the fake node with a scraper holding an idle con
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -32,8 +34,8 @@ time.sleep(600)
 )
 def test_the_port_closes_however_the_run_ends(cli_node, tmp_path, how, code):
     script, stop = job(tmp_path)
-    port = free_port()
-    args = ["run", "--metrics-port", str(port), "--grace", "5"]
+    port, path = free_port(), tmp_path / "podguard.prom"
+    args = ["run", "--metrics-port", str(port), "--metrics-file", str(path), "--grace", "5"]
     argv = [sys.executable, script, str(stop)]
     if how == "max-runtime":
         args += ["--max-runtime", "2s"]
@@ -51,8 +53,8 @@ def test_the_port_closes_however_the_run_ends(cli_node, tmp_path, how, code):
         if how == "sigterm-podguard":
             proc.send_signal(signal.SIGTERM)
         elif how == "sigkill-worker":
-            worker = _worker_pid(cli_node, proc)
-            __import__("os").kill(worker, signal.SIGKILL)
+            worker = _worker_pid(proc)
+            os.kill(worker, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
     finally:
@@ -68,12 +70,11 @@ def test_the_port_closes_however_the_run_ends(cli_node, tmp_path, how, code):
         assert proc.returncode != 0, err
     assert "Traceback" not in err, err
     assert not port_open(port), f"{how}: the port must be closed when the run ends"
-    print(how, proc.returncode, f"{took:.1f}s")
+    assert took < 15, f"{how}: {took:.1f} s to end"
+    assert "podguard_up 0.0" in path.read_text(), f"{how}: the file's last write must say the run is over"
 
 
-def _worker_pid(node, proc) -> int:
+def _worker_pid(proc: subprocess.Popen[str]) -> int:
     """The heartbeat job's pid: the child of podguard that runs beats.py."""
-    import subprocess
-
     out = subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "beats.py"], capture_output=True, text=True).stdout
     return int(out.split()[0])

@@ -10,6 +10,7 @@ again from zero.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -84,8 +85,9 @@ def test_restarts_move_the_attempt_and_restart_series_and_counters_never_go_down
 
 
 def test_a_file_that_cannot_be_written_mid_run_is_one_warning_never_a_failure(cli_node, tmp_path):
-    """The textfile's folder is replaced mid-run (a volume gone, a full disk: any OSError): the job goes on, one
-    warning says it, no temporary file is left, and writing resumes when it can."""
+    """Mid-run the textfile's folder goes away (an unmounted volume), then comes back with a folder where the file
+    was (each rename fails: a full disk fails the same way, at the write): the job goes on, one warning says it, no
+    temporary file is left, and writing resumes when it can."""
     script, stop = job(tmp_path)
     folder = tmp_path / "textfile"
     folder.mkdir()
@@ -94,10 +96,15 @@ def test_a_file_that_cannot_be_written_mid_run_is_one_warning_never_a_failure(cl
     proc = start(cli_node, args, **FAST_FILE)
     try:
         wait_for(lambda: path.exists() and "podguard_rank_heartbeats_total" in path.read_text(), "beats", proc=proc)
-        path.unlink()
+        folder.rename(tmp_path / "elsewhere")
+        time.sleep(0.3)  # ~6 failed writes (FileNotFoundError)
+        folder.mkdir()
         path.mkdir()  # a folder where the file was: each write's rename fails (IsADirectoryError)
-        time.sleep(0.5)  # ~10 failed writes
+        time.sleep(0.3)
         assert proc.poll() is None, "the job must go on"
+        wait_for(  # (between two writes: a failed write removes its temporary file)
+            lambda: [p.name for p in folder.iterdir()] == ["podguard.prom"], "no temporary file", timeout=5, proc=proc
+        )
         path.rmdir()
         wait_for(lambda: path.is_file(), "writing to resume", proc=proc)
     finally:
@@ -119,3 +126,36 @@ def test_a_name_the_textfile_collector_skips_is_said(cli_node, tmp_path):
     assert proc.returncode == 0, err
     assert f"podguard: warning: --metrics-file='{path}' does not end in .prom" in err
     assert "podguard_up 0.0" in path.read_text()
+
+
+def test_a_write_that_never_returns_does_not_hold_the_end_of_the_run(tmp_path):
+    """A stalled volume (here a FIFO without a reader where the temporary file goes: the write's open() blocks):
+    the end of the run says so and goes on instead of waiting on the write forever."""
+    from podguard.metrics.exposition import snapshot_registry
+    from podguard.metrics.state import MetricsState
+    from podguard.metrics.textfile import FileWriter
+
+    path, said = tmp_path / "podguard.prom", []
+    registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
+    writer = FileWriter(path, registry, every_s=0.2, say=said.append, close_wait_s=0.5)
+    fifo = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    wait_for(lambda: _mkfifo(fifo), "the FIFO in place between two writes", timeout=5)
+    time.sleep(0.4)  # the thread's next write is blocked in open()
+    closing = threading.Thread(target=writer.close, daemon=True)
+    t0 = time.monotonic()
+    closing.start()
+    closing.join(timeout=5)
+    try:
+        assert not closing.is_alive() and time.monotonic() - t0 < 2.0, "close() must not wait on a stuck write"
+        assert len(said) == 1 and "a write has not returned for 0.5 s" in said[0], said
+    finally:
+        with open(fifo, "rb") as reader:  # let the stuck write finish
+            reader.read()
+
+
+def _mkfifo(path) -> bool:
+    try:
+        os.mkfifo(path)
+    except FileExistsError:  # (a write's temporary file of the moment)
+        return False
+    return True

@@ -44,8 +44,13 @@ def test_a_taken_port_is_64_before_the_job_starts(cli_node, tmp_path):
             {"PODGUARD_METRICS_PORT": "9464", "PODGUARD_METRICS_INTERVAL": "soon"},
             "PODGUARD_METRICS_INTERVAL='soon'",
         ),
+        (  # the rendezvous would find its port taken by podguard itself, after the preflight, as "another program"
+            ["--metrics-port", "29555"],
+            {"MASTER_PORT": "29555"},
+            "--metrics-port=29555 is also the rendezvous port (--master-port or MASTER_PORT)",
+        ),
     ],
-    ids=["too-big", "not-a-number", "zero-from-env", "bad-interval"],
+    ids=["too-big", "not-a-number", "zero-from-env", "bad-interval", "the-master-port"],
 )
 def test_an_invalid_port_is_64_naming_it(cli_node, tmp_path, args, env, said):
     assert said in refused(cli_node, tmp_path, args, **env)

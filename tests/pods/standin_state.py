@@ -146,6 +146,13 @@ def verdict_lines(pod: PodRecord) -> list[str]:
     ]
 
 
+def same_as(pod: PodRecord) -> dict[str, Any]:
+    """A create body for a pod like `pod` in its data centre (a second actor's: `pod heal --replace` elsewhere)."""
+    gpu = {"id": pod.gpu_type, "count": pod.gpu_count} if pod.gpu_type else None
+    body = {"name": pod.name, "image": pod.image, "args": pod.args, "gpu": gpu, "mounts": pod.mounts}
+    return {**body, "dataCenterIds": [pod.machine.dc]}
+
+
 @dataclass
 class ClusterRecord:
     id: str

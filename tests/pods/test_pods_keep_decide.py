@@ -186,6 +186,10 @@ def test_the_end_line_stays_under_400_characters_and_its_checkpoint_is_read_back
     assert found is not None and (found.name, found.step) == ("checkpoint-1200", 1200)
     assert newest_checkpoint("newest checkpoint /w/ckpt.pt (written 2026-11-27T08:00:00Z)").step is None
     assert newest_checkpoint("job finished") is None
+    wide = end_line("run", "failed", 3, 1, "損失が発散しました\u2028" * 80)  # characters, not bytes; one line
+    assert len(wide) == 399 and wide.endswith("…") and len(wide.splitlines()) == 1
+    cue = read_line(wide)
+    assert cue is not None and (cue.kind, cue.word, cue.code) == (CueKind.END, "failed", 3)
 
 
 def test_graphql_pods_tell_whether_a_container_runs():

@@ -29,6 +29,7 @@ from keep_support import (
     wait_for,
 )
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
+from standin_state import same_as
 
 NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
 
@@ -108,16 +109,7 @@ def test_a_pod_of_the_name_made_by_another_actor_is_adopted_not_duplicated(stand
     proc = keep(spec, "--notify", "http://127.0.0.1:9/hook")
     passes(tmp_path)
     old = live_pod(world)
-    other = world.create(  # e.g. `pod heal --replace` from another machine, or the in-pod self-heal
-        {
-            "name": "trainer",
-            "image": old.image,
-            "args": old.args,
-            "gpu": {"id": "NVIDIA A40", "count": 2},
-            "mounts": old.mounts,
-            "dataCenterIds": [old.machine.dc],
-        }
-    )
+    other = world.create(same_as(old))  # e.g. `pod heal --replace` from another machine, or the in-pod self-heal
     world.set_error(old.id)
     passes(tmp_path, 2)
     assert live_pods(world) == [other] and old.status == "TERMINATED"
@@ -126,6 +118,26 @@ def test_a_pod_of_the_name_made_by_another_actor_is_adopted_not_duplicated(stand
     assert "made by someone else" in adopted["text"] and "adopted, not duplicated" in adopted["text"]
     say_end(world, other, "success", 0)
     assert finish(proc)[0] == 0
+
+
+def test_a_keeper_started_again_while_another_actor_has_two_pods_of_the_name_keeps_watching(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    old = live_pod(world)
+    proc.send_signal(signal.SIGKILL)  # RunPod restarts a keeper pod's container, a laptop keeper is run again
+    proc.wait()
+    other = world.create(same_as(old))  # `pod heal --replace` from another machine, between its create and terminate
+    again = keep(spec)
+    wait_event(tmp_path, "resume")
+    time.sleep(1.0)
+    assert again.poll() is None, finish(again)[2]  # two of the name for a moment: no reason to end (64) unwatched
+    assert state(tmp_path)["target_id"] == old.id  # the one it kept before; the actor's pod is not touched
+    world.vanish(old.id)  # the actor's terminate
+    passes(tmp_path, 2)
+    assert live_pods(world) == [other] and len(creates(standin)) == 1
+    say_end(world, other, "success", 0)
+    assert finish(again)[0] == 0 and other.status == "EXITED"
 
 
 def test_two_keepers_in_two_state_dirs_and_an_error_leave_one_pod(standin, spec, tmp_path):  # noqa: F811
@@ -167,6 +179,18 @@ def test_pod_down_or_stop_during_a_capacity_wait_ends_the_keeper(standin, bare_s
     time.sleep(1.0)
     assert len(creates(standin)) == tries and not live_pods(world)
     assert state(tmp_path)["outcome"] == ("down" if command == "down" else "stopped")
+
+
+@pytest.mark.parametrize("command", ["down", "stop"])
+def test_pod_down_or_stop_while_the_keeper_creates_leaves_nothing_billing(standin, bare_spec, tmp_path, command):  # noqa: F811
+    standin.fault("POST", r"^/v2/pods$", "slow", delay=1.5)  # RunPod makes the pod; its answer comes late
+    proc = keep(bare_spec)
+    wait_for(lambda: creates(standin), what="the keeper's create request")
+    done = pg(["pod", command, "trainer"])  # while the create is in flight
+    assert done.returncode == 0, done.stderr
+    assert finish(proc)[0] == 128 + signal.SIGTERM
+    time.sleep(2.0)  # past the create's answer
+    assert [p.status for p in live_pods(standin.world)] in ([], ["EXITED"]), done.stderr  # nothing billing
 
 
 def test_pod_stop_of_a_kept_pod_ends_its_keeper_and_pod_start_says_nothing_keeps_it(standin, spec, tmp_path):  # noqa: F811
@@ -215,6 +239,27 @@ def test_a_pod_that_never_starts_is_replaced_after_the_ready_timeout(standin, tm
     say_end(world, live_pod(world), "success", 0)
     assert finish(proc)[0] == 0
     assert len(creates(standin)) == 2
+
+
+def test_a_start_whose_answer_is_lost_is_not_taken_for_a_lost_host(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec, "--retry-for", "0.2")
+    passes(tmp_path)
+    pod = live_pod(world)
+    world.timing.start_s = 2.0  # its container takes a while to start
+    standin.fault("POST", r"/action$", "html502", times=10_000, body_contains="start")
+    maintenance(world, pod)
+    wait_for(lambda: standin.calls("POST", r"/action$"), what="a start request")
+    time.sleep(1.5)  # EXITED for longer than the (shortened) silence: its last line is old
+    standin.faults.clear()
+    standin.fault("POST", r"/action$", "lost", times=10_000, body_contains="start")  # started, the answer lost
+    wait_for(lambda: pod.status != "EXITED", what="the start")
+    passes(tmp_path, 2)
+    standin.faults.clear()
+    assert len(creates(standin)) == 1 and pod.status == "RUNNING"  # not replaced as if its host were lost
+    assert not [e for e in events(tmp_path) if "host is lost" in e["text"]]
+    say_end(world, pod, "success", 0)
+    assert finish(proc)[0] == 0
 
 
 # -- 6. a keeper pod that cannot start stops itself -----------------------------------------------------------------
@@ -358,3 +403,27 @@ def test_a_keeper_killed_between_reading_the_end_line_and_acting_on_it_reads_it_
     code, _, err = finish(again)
     assert code == 1, err
     assert world.clusters == {} and len(standin.calls("POST", r"^/v2/clusters$")) == 1
+
+
+def test_a_cluster_of_the_name_made_by_another_actor_is_adopted_before_a_recreate(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)
+    proc = keep(spec)
+    passes(tmp_path, 2, name="ring")
+    (first,) = world.clusters.values()
+    other = world.create_cluster(  # `pod heal ring --replace` from another machine, say
+        {
+            "name": "ring",
+            "type": "TRAINING",
+            "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 2, "podCount": 2},
+            "image": "registry.example/me/podguard:0.2",
+            "args": "train --mode torchrun -- python train.py",
+            "dataCenterIds": [first.dc],
+        }
+    )
+    world.set_error(first.members[1])
+    passes(tmp_path, 4, name="ring")
+    assert list(world.clusters) == [other.id] and len(standin.calls("POST", r"^/v2/clusters$")) == 1
+    assert "adopted, not duplicated" in wait_event(tmp_path, "adopted", name="ring")[0]["text"]
+    say_end(world, world.pods[other.members[0]], "success", 0)
+    assert finish(proc)[0] == 0 and world.clusters == {}

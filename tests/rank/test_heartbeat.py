@@ -53,6 +53,21 @@ def test_a_forked_child_beats_with_its_own_pid(board_env: Path):
     assert (beat.step, beat.pid) == (2, pid)
 
 
+def test_a_rank_forked_after_the_parent_beat_beats_into_its_own_slot(board_env: Path):
+    """A launcher that forks its ranks (Lightning's ddp_fork, start_processes(start_method="fork")) after the
+    parent beat: the child finds its own slot (it wrote the parent's, hiding the parent's stop)."""
+    hb.heartbeat(1)  # the parent (LOCAL_RANK 1) opened slot 1
+    pid = os.fork()
+    if pid == 0:
+        os.environ["LOCAL_RANK"] = "2"  # the launcher names the child's rank after the fork
+        hb.heartbeat(7)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    board = read_board(board_env)
+    assert (board[1].step, board[1].pid) == (1, os.getpid())  # the parent's slot is the parent's
+    assert (board[2].step, board[2].pid) == (7, pid)
+
+
 def test_the_board_has_a_slot_for_every_local_rank_whatever_was_asked(tmp_path: Path):
     placed = place_board("t1", slots=1, shm=tmp_path / "shm-missing", fallbacks=(tmp_path,))
     assert placed.path is not None
@@ -77,24 +92,67 @@ def test_the_board_is_in_dev_shm_never_in_the_state_dir(tmp_path: Path):
         remove_board(placed)
 
 
+PLACE_AND_STAY = """
+import os, signal, sys, time
+from pathlib import Path
+from podguard.launch.watch.board import place_board
+placed = place_board(sys.argv[2], slots=2, shm=Path(sys.argv[1]))
+print(placed.path, flush=True)
+if sys.argv[3] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)  # a podguard killed by the OOM killer: no atexit, no cleanup
+time.sleep(60)
+"""
+
+
+def test_a_killed_runs_board_is_removed_by_the_next_run_a_live_ones_never(tmp_path: Path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-c", PLACE_AND_STAY, str(shm)]
+    killed = subprocess.run([*argv, "killed-1", "kill"], env=env, capture_output=True, text=True)
+    assert killed.returncode == -9
+    live = subprocess.Popen([*argv, "live-2", "stay"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert live.stdout is not None and live.stdout.readline().strip().endswith("live-2")
+        starting = create_board(shm / "podguard-hb-starting-3", 2)  # a run between creating and locking it
+        for name in ("podguard-hb-killed-1", "podguard-hb-live-2"):
+            os.utime(shm / name, (1e9, 1e9))  # both past STALE_AFTER_S
+        placed = place_board("next-4", slots=2, shm=shm)
+        left = sorted(p.name for p in shm.iterdir())
+        assert left == ["podguard-hb-live-2", "podguard-hb-next-4", starting.name]  # the killed run's is gone
+        remove_board(placed)
+    finally:
+        live.kill()
+        live.wait()
+    remove_board(place_board("after-5", slots=2, shm=shm))  # the live run was killed meanwhile: its board goes too
+    assert "podguard-hb-live-2" not in {p.name for p in shm.iterdir()}
+
+
+def test_a_board_unlinked_under_the_run_still_counts_its_beats(tmp_path: Path):
+    """Someone frees /dev/shm (`rm /dev/shm/*`, a common fix for NCCL's shm errors) while the job runs: the ranks
+    keep beating into their mappings, and the watch still reads them through its own fd (it read the path: no
+    beats, so a job that only beats looked silent, a false hang)."""
+    from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
+
+    watch = RuntimeWatch(RuntimeSettings(), tmp_path / "run")
+    env = {**os.environ, **watch.worker_env(slots=2), "LOCAL_RANK": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    code = (
+        "import os, sys\nfrom podguard.rank import heartbeat\nheartbeat(1)\n"
+        "os.unlink(os.environ['PODGUARD_HEARTBEAT_FILE'])\nheartbeat(2)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert watch.board is not None and not watch.board.exists()
+    watch.close()
+    assert {slot: beat.step for slot, beat in watch.beats.items()} == {1: 2}
+
+
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Iterator[Path]:
     """A tiny tmpfs filled to the last block (root only; skipped where it cannot be mounted)."""
-    path = tmp_path / "full"
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    try:
-        fd = os.open(path / "fill", os.O_WRONLY | os.O_CREAT)
-        try:
-            with pytest.raises(OSError):
-                while True:
-                    os.write(fd, b"\0" * 4096)
-        finally:
-            os.close(fd)
+    from fulltmpfs import full_tmpfs
+
+    with full_tmpfs(tmp_path / "full") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_a_full_dev_shm_falls_back_to_the_run_dir_with_a_warning(tmp_path: Path, full_dir: Path):

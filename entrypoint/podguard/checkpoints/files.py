@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickletools
 import struct
 import zipfile
 from typing import Any
 
 from podguard.checkpoints.model import format_size
 
-__all__ = ["MAX_HEADER", "file_why", "safetensors_why", "torch_zip_why"]
+__all__ = ["MAX_HEADER", "file_why", "lightning_step", "safetensors_why", "torch_zip_why"]
 
 MAX_HEADER = 100 * 1000 * 1000  # the safetensors spec's own limit on the header (100 MB)
+MAX_PICKLE = 16 * 1000 * 1000  # a data.pkl larger than this is not read for a step (tensors live outside it)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 PICKLE_MAGIC = b"\x80"  # torch.save's legacy (pre-1.6) format is a bare pickle stream
 
@@ -92,6 +94,27 @@ def torch_zip_why(path: str) -> tuple[str, str]:
     if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
         return f"{name}: a zip without data.pkl (not a torch.save file)", ""
     return "", ""
+
+
+def lightning_step(path: str) -> int | None:
+    """The `global_step` of a Lightning `.ckpt` (its `last.ckpt` has no step in its name), read from the opcodes
+    of the zip's data.pkl: nothing is unpickled and no tensor is read. None when it is not there."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = next((i for i in archive.infolist() if i.filename.endswith("data.pkl")), None)
+            if info is None or info.file_size > MAX_PICKLE:
+                return None
+            data = archive.read(info)
+        key: object = None
+        for op, arg, _ in pickletools.genops(data):
+            if key == "global_step" and op.name in ("BININT", "BININT1", "BININT2", "LONG1"):
+                return int(arg)
+            if op.name in ("MEMOIZE", "BINPUT", "LONG_BINPUT"):
+                continue  # (the pickler memoizes the key between it and its value)
+            key = arg if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE") else None
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError):
+        return None
+    return None
 
 
 def file_why(path: str, size: int | None = None) -> tuple[str, str]:

@@ -5,6 +5,7 @@
     hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, its weights and every
                                     # torch.save / safetensors file in it (optimizer.pt, ...) are whole
     dcp_why(tree)                   # torch DCP: .metadata exists (DCP writes it last), no shard newer
+    accelerate_why(path, tree)      # accelerator.save_state: random_states_0.pkl (written last), files whole
     files_why(path, tree)           # DeepSpeed tag / Megatron iter_* / step-named folders: every weights file whole
 
 A folder holding a `COMPLETED` marker is whole whatever its layout (scan.py checks that first).
@@ -14,18 +15,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 
-from podguard.checkpoints.files import TORCH_SUFFIXES, file_why
+from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, torch_zip_why
 
-__all__ = ["HF_SINGLE", "MARKER", "Tree", "dcp_why", "files_why", "has_weights", "hf_why", "read_tree"]
+__all__ = [
+    "HF_SINGLE",
+    "MARKER",
+    "Tree",
+    "accelerate_why",
+    "dcp_why",
+    "files_why",
+    "has_weights",
+    "hf_why",
+    "is_accelerate",
+    "read_tree",
+]
 
 MARKER = "COMPLETED"
 MAX_DEPTH = 3
 WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 HF_SINGLE = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_ACC_PICKLE = re.compile(r"^(random_states|custom_checkpoint)_\d+\.pkl$")
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,26 @@ def files_why(path: str, tree: Tree) -> tuple[str, str]:
             if note:
                 notes.append(note)
     return "", "; ".join(notes[:1])
+
+
+def is_accelerate(tree: Tree) -> bool:
+    """`accelerator.save_state(dir)` (also the diffusers scripts' `checkpoint-<N>/`): no trainer_state.json, and
+    accelerate's `random_states_<i>.pkl` or `optimizer.bin`."""
+    top = [n for n in tree.files if "/" not in n]
+    return "trainer_state.json" not in top and any(_ACC_PICKLE.match(n) or n == "optimizer.bin" for n in top)
+
+
+def accelerate_why(path: str, tree: Tree) -> tuple[str, str]:
+    """accelerate's save_accelerator_state writes the weights, optimizer, scheduler, sampler and scaler, then
+    `random_states_<process>.pkl` (torch.save zips despite the suffix), then any registered objects'
+    `custom_checkpoint_<i>.pkl` (accelerate/checkpointing.py, accelerator.py `save_state`)."""
+    if "random_states_0.pkl" not in tree.files:
+        return "no random_states_0.pkl (accelerate writes it last: the save did not finish)", ""
+    for name in sorted(n for n in tree.files if _ACC_PICKLE.match(n)):
+        why, _ = torch_zip_why(os.path.join(path, name))
+        if why:
+            return why, ""
+    return files_why(path, tree)
 
 
 def hf_why(path: str, tree: Tree) -> tuple[str, str]:

@@ -17,6 +17,7 @@ class Layout(StrEnum):
     SAFETENSORS = "safetensors"
     DEEPSPEED = "deepspeed"  # a tag folder named by DIR/latest
     MEGATRON = "megatron"  # an iter_* folder named by DIR/latest_checkpointed_iteration.txt
+    ACCELERATE = "accelerate"  # accelerator.save_state(dir): random_states_<i>.pkl written last
     FOLDER = "folder"  # a step-named folder of torch/safetensors files, or any folder with a COMPLETED marker
 
 

@@ -26,8 +26,19 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from podguard.checkpoints.files import TORCH_SUFFIXES, file_why
-from podguard.checkpoints.folders import HF_SINGLE, MARKER, Tree, dcp_why, files_why, has_weights, hf_why, read_tree
+from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, lightning_step
+from podguard.checkpoints.folders import (
+    HF_SINGLE,
+    MARKER,
+    Tree,
+    accelerate_why,
+    dcp_why,
+    files_why,
+    has_weights,
+    hf_why,
+    is_accelerate,
+    read_tree,
+)
 from podguard.checkpoints.model import Checkpoint, Key, Layout
 from podguard.checkpoints.steps import step_from_name
 
@@ -35,6 +46,7 @@ __all__ = ["DEEPSPEED_TRACKER", "MEGATRON_TRACKER", "Finding", "find_checkpoints
 
 DEEPSPEED_TRACKER = "latest"  # DeepSpeed: the tag of the newest finished save (engine.save_checkpoint)
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM: the newest finished iteration
+TRACKER_MAX = 256  # bytes: DeepSpeed's `latest` holds a tag, Megatron's tracker an iteration number
 _ITER = re.compile(r"^iter_(\d+)$")
 _HF_SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
@@ -177,13 +189,17 @@ def _file(path: str, name: str, step: int | None, st: os.stat_result) -> _Listed
     else:
         return None
     size = st.st_size
+    if step is None and name.endswith(".ckpt"):  # Lightning's last.ckpt: the step from its metadata
+        step = lightning_step(path)
     return _Listed(path, layout, step, size, st.st_mtime, lambda: file_why(path, size))
 
 
 def _folder(path: str, name: str, step: int | None, trackers: list[_Tracker]) -> _Listed | None:
+    if not _may_hold_one(path, name, step, trackers):
+        return None
     tree = read_tree(path)
     if tree.error:  # a checkpoint podguard cannot read is named with why, not passed over in silence
-        if step is None:
+        if step is None or not os.path.lexists(path):  # (deleted meanwhile: HF's save_total_limit rotation)
             return None
         layout = Layout.HF if name.startswith("checkpoint-") else Layout.FOLDER
         why = f"{name} cannot be read ({tree.error})"
@@ -203,6 +219,19 @@ def _folder(path: str, name: str, step: int | None, trackers: list[_Tracker]) ->
     return _Listed(path, layout, step, tree.size, mtime, judge)
 
 
+def _may_hold_one(path: str, name: str, step: int | None, trackers: list[_Tracker]) -> bool:
+    """Whether a folder can be a checkpoint, from its name or its own listing: a step-less folder must hold
+    `.metadata`, a `.distcp` shard or `COMPLETED` itself. A data set beside the checkpoints (DIR = /workspace)
+    is then one listing, not a walk of its files before every attempt and every poll of the save wait."""
+    if step is not None or name.startswith("checkpoint-") or any(t.name == name for t in trackers):
+        return True
+    try:
+        with os.scandir(path) as it:
+            return any(e.name in (".metadata", MARKER) or e.name.endswith(".distcp") for e in it)
+    except OSError:
+        return False
+
+
 def _whole() -> tuple[str, str]:
     return "", ""
 
@@ -211,6 +240,8 @@ def _classify(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tup
     """The layout from the listing alone, and the judgement to run when asked."""
     tracked = next((t for t in trackers if t.name == name), None)
     kind = next((t.layout for t in trackers), None)
+    if is_accelerate(tree):  # (before HF: the diffusers scripts name accelerate's folders checkpoint-<N> too)
+        return Layout.ACCELERATE, lambda: accelerate_why(path, tree)
     if name.startswith("checkpoint-") and (tree.top("trainer_state.json") or has_weights(tree)):
         return Layout.HF, lambda: hf_why(path, tree)
     if kind is not None and (tracked is not None or _looks_tracked(name, kind)):
@@ -258,15 +289,17 @@ def _trackers(root: str, names: set[str]) -> list[_Tracker]:
             continue
         path = os.path.join(root, tracker)
         try:
-            st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode):  # (a `latest` symlink to a folder is no tracker file)
+            st = os.lstat(path)
+            # a tracker is a small text file naming a folder; a user's `latest` symlink (to a folder or a
+            # checkpoint file) is none, and its bytes are no folder name
+            if not stat.S_ISREG(st.st_mode) or st.st_size > TRACKER_MAX:
                 continue
             with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read(256).strip()
+                text = f.read(TRACKER_MAX).strip()
         except OSError:
             continue
         mtime = st.st_mtime
-        if not text:
+        if not text or not text.isprintable() or "/" in text:
             continue
         if layout is Layout.MEGATRON and text != "release":
             if not text.isdigit():

@@ -1,6 +1,7 @@
 """`podguard checkpoints DIR [--json]`: what the finder sees under DIR, newest first, and which one a restart uses.
 
-Exit 0 with or without checkpoints; 64 when DIR does not exist, is not a folder or cannot be listed. Reads only (checkpoints/).
+Exit 0 with or without checkpoints; 64 when DIR does not exist, is not a folder or cannot be listed. Reads only
+(checkpoints/).
 """
 
 from __future__ import annotations

@@ -246,6 +246,8 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     if ends_keepers and not isinstance(target, Member):
         outcome = "down" if wanted is PodAction.TERMINATE else "stopped"
         ended = end_keepers(client, target.name if target is not None else ref, _say, outcome=outcome)  # first
+        if ended:  # looked up again: a keeper ended mid-create made the pod (a replacement) after the first look
+            target = find_target(client, ref, missing_ok=True)
     if target is None:
         _nothing_there(ref, wanted, ended, as_json)
         return

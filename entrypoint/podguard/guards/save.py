@@ -88,7 +88,8 @@ class SaveBeforeStop:
             return False
         self._before = listed_keys(s.directory)
         sent = self._signal_workers(sup)
-        if not sent:
+        if not sent:  # (a launcher that has not started its ranks yet, or workers that just ended)
+            self.note = f"no save request ({name}): no training process to ask"
             return False
         self._sup, self._done, self._started = sup, done, time.monotonic()
         sup.message(

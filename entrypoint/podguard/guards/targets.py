@@ -51,10 +51,11 @@ def is_launcher(argv: list[str]) -> bool:
     if not _PYTHON.match(name):
         return False
     rest = argv[1:]
-    while rest and rest[0].startswith("-") and rest[0] != "-m":  # interpreter flags (-u, -X dev, -W ignore)
+    while rest and rest[0].startswith("-") and not rest[0].startswith("-m"):  # -u, -X dev, -W ignore
         rest = rest[2:] if rest[0] in ("-X", "-W") else rest[1:]
-    if len(rest) >= 2 and rest[0] == "-m":
-        return rest[1] in _LAUNCHER_MODULES
+    if rest and rest[0].startswith("-m"):  # `-m module` or `-mmodule` (podguard's torchrun command)
+        module = rest[0][2:] or (rest[1] if len(rest) > 1 else "")
+        return module in _LAUNCHER_MODULES
     return bool(rest) and os.path.basename(rest[0]) in _LAUNCHERS
 
 

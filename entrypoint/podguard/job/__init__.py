@@ -4,6 +4,6 @@
 
 `conductor.py` reads like the lifecycle (attempt -> preflight -> launch -> watch -> outcome -> restart or end);
 `attempt.py` launches one attempt under the run-time watches; `restarts.py` decides about relaunches (pure);
-`final.py` is the END/RESTART lines a keeper reads; `cluster.py` is where the preflight meets the cluster gate.
+the END/RESTART lines a keeper reads are `podguard/outcome_lines.py`; `cluster.py` is where the preflight meets the cluster gate.
 This package is the glue between preflight/ and launch/ (which never import each other); the CLI only parses.
 """

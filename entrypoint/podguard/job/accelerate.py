@@ -39,8 +39,10 @@ def with_main_process_port(argv: tuple[str, ...] | list[str], port: int) -> tupl
     at = _launch_index(argv)
     if at is None:
         return tuple(argv)
-    script_args_from = next((i for i, a in enumerate(argv) if i > at and not a.startswith("-")), len(argv))
-    own = argv[at + 1 : script_args_from]
+    # accelerate's own options end at the script; a valued option (`--num_processes 2`) hides where, so the
+    # options run to the first `*.py` (or `--`), else to the end
+    script_at = next((i for i, a in enumerate(argv) if i > at and (a.endswith(".py") or a == "--")), len(argv))
+    own = argv[at + 1 : script_at]
     if any(a == _FLAG or a.startswith(f"{_FLAG}=") or a.startswith("--config_file") for a in own):
         return tuple(argv)
     return (*argv[: at + 1], _FLAG, str(port), *argv[at + 1 :])

@@ -110,6 +110,7 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
     prepare_argv, cache_key = _prepare(opts)
     _check_checkpoints(opts)
+    _check_metrics(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
     _check_nodes(cfg)
     return cfg
@@ -158,6 +159,17 @@ def _check_checkpoints(opts: LaunchOptions) -> None:
     if opts.save_signal is not None and opts.checkpoints is None:
         raise UsageError(
             "--save-signal needs --checkpoints DIR: podguard waits for the new checkpoint there before it ends the job"
+        )
+
+
+def _check_metrics(opts: LaunchOptions) -> None:
+    """The metrics are bound before the launch: on the rendezvous port (`run` hands the job MASTER_PORT) the job's
+    rendezvous would find it taken."""
+    rendezvous = {str(opts.master_port), os.environ.get("MASTER_PORT", "").strip()}
+    if opts.metrics_port is not None and str(opts.metrics_port) in rendezvous:
+        raise UsageError(
+            f"--metrics-port={opts.metrics_port} is also the rendezvous port (--master-port or MASTER_PORT); give "
+            "the metrics a port of their own, e.g. 9464"
         )
 
 

@@ -4,6 +4,8 @@
     cut_long_lines(data)                                  # lines > LINE_CAP in marked chunks
     strip_cursor(b"\\x1b[A\\x1b[2K 30%\\n")               # b" 30%\\n": no cursor moves once lines are cut
     split_hidden(HIDDEN + b"rank1: x\\nrank0: y\\n")      # (b"rank0: y\\n", b"rank1: x\\nrank0: y\\n")
+    strip_escapes(b"step \\x1b[1;36m5\\x1b[0m\\n")           # b"step 5\\n": log files and the watch get plain text
+    drop_repeated_frames(b"\\x1b[2K 30%\\n", b"\\x1b[2K 30%")  # (b"", b"\\x1b[2K 30%"): a redraw of nothing new
 
 Whole-buffer operations (`split`, `rfind`, C-level `map`s), never a Python loop per line: the rules
 and why they are fast are in docs/supervisor.md.
@@ -21,10 +23,12 @@ __all__ = [
     "LINE_CAP",
     "cut_long",
     "cut_long_lines",
+    "drop_repeated_frames",
     "may_have_long_line",
     "normalise_cr",
     "split_hidden",
     "strip_cursor",
+    "strip_escapes",
 ]
 
 LINE_CAP = 64 * 1024  # the longest chunk emitted as one line
@@ -38,6 +42,16 @@ HIDDEN = b"\x1b]podguard-hidden\x07"
 _CURSOR = rb"\x1b\[[0-?]*[ -/]*[@-ln-~]"
 _CURSOR_ONLY_LINE = re.compile(rb"(?m)^(?:" + _CURSOR + rb")+\n")
 _CURSOR_RE = re.compile(_CURSOR)
+# Every escape sequence a line may carry: CSI (colours included), OSC (rich's `ESC]8;...ESC\\` hyperlinks, a
+# window title) and the two-byte ones. The log files and the watch get text without them: a rich console
+# under TTY_COMPATIBLE colours each number (`step ESC[1;36m5ESC[0m`), which a `--progress 'step (\\d+)'`
+# would no longer match.
+_ESCAPE = rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[()][0-9A-Za-z]|[@-Z\\-_])"
+_ESCAPE_ONLY_LINE = re.compile(rb"(?m)^(?:" + _ESCAPE + rb")+\n")
+_ESCAPE_RE = re.compile(_ESCAPE)
+# A rich live display (Progress, track(), Lightning's bar) starts each redraw by erasing the line; its refresh
+# thread redraws 4-10 times a second whether or not anything moved.
+FRAME_START = b"\x1b[2K"
 
 
 def normalise_cr(data: bytes, line_start: bool) -> bytes:
@@ -122,6 +136,38 @@ def strip_cursor(data: bytes) -> bytes:
     if b"\x1b[" not in data:
         return data
     return _CURSOR_RE.sub(b"", _CURSOR_ONLY_LINE.sub(b"", data))
+
+
+def strip_escapes(data: bytes) -> bytes:
+    """Remove every escape sequence (colours too); a line made of nothing else goes whole."""
+    if b"\x1b" not in data:
+        return data
+    return _ESCAPE_RE.sub(b"", _ESCAPE_ONLY_LINE.sub(b"", data))
+
+
+def drop_repeated_frames(lines: bytes, last: bytes) -> tuple[bytes, bytes]:
+    """(`lines` without the redraws that repeat the one before, the last redraw) for complete `lines`.
+
+    A redraw is a line that starts with FRAME_START and the lines after it up to the next one. An identical
+    redraw says nothing new: a stalled `track()` loop redraws the same bar 10 times a second, and as lines those
+    would fill the log file and count as activity, so a hung job was never called hung."""
+    if True:
+        return lines, last
+    every = lines.split(b"\n")
+    end = every.pop()  # b"": `lines` ends with a newline
+    groups: list[list[bytes]] = [[]]
+    for line in every:
+        if line.startswith(FRAME_START):
+            groups.append([line])
+        else:
+            groups[-1].append(line)
+    kept = groups[0]
+    for group in groups[1:]:
+        frame = b"\n".join(group)
+        if frame != last:
+            kept.extend(group)
+            last = frame
+    return (b"\n".join([*kept, end]) if kept else b""), last
 
 
 def split_hidden(lines: bytes) -> tuple[bytes, bytes]:

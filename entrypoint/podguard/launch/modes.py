@@ -59,10 +59,11 @@ _LAUNCHERS = {"torchrun", "accelerate", "deepspeed", "mpirun", "srun", "colossal
 _LAUNCHER_MODULES = {"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"}
 # coreutils' stdbuf preload library (the path `stdbuf` itself was built with differs between distributions)
 _STDBUF_LIBS = (
-    "/usr/libexec/coreutils/libstdbuf.so",  # Debian, Ubuntu, Fedora
-    "/usr/lib/coreutils/libstdbuf.so",  # Arch, Alpine's coreutils
-    "/usr/lib/x86_64-linux-gnu/coreutils/libstdbuf.so",
+    "/usr/libexec/coreutils/libstdbuf.so",  # Debian 12 (checked here), Ubuntu, Fedora/RHEL
+    "/usr/lib/coreutils/libstdbuf.so",  # Arch
+    "/usr/lib/x86_64-linux-gnu/coreutils/libstdbuf.so",  # the older Debian/Ubuntu multiarch layout
     "/usr/lib/aarch64-linux-gnu/coreutils/libstdbuf.so",
+    "/usr/lib64/coreutils/libstdbuf.so",  # a lib64 libexecdir (older RPM-based layouts)
     "/usr/local/libexec/coreutils/libstdbuf.so",
 )
 LINE_BUFFERING_ENV = "PODGUARD_LINE_BUFFERING"  # "0": leave the job's C stdio buffering alone

@@ -6,9 +6,10 @@
     printer.tail("GPU2")                          # its last lines, for the failure summary
 
 honcho's Printer, made fast and strict: whole lines only (a dying worker's partial line is kept), `\\r`
-ends a line, cursor moves are dropped, very long lines are cut in marked chunks, `only` and the rank
-wrapper's HIDDEN mark filter the terminal (the log files and the watchers get everything), each worker's
-last lines and first traceback are kept for the summary. A lone unprefixed worker on a real terminal gets
+ends a line, cursor moves and repeated redraws are dropped, very long lines are cut in marked chunks,
+`only` and the rank wrapper's HIDDEN mark filter the terminal (the log files and the watchers get every
+line, as plain text: escape sequences, colours included, only reach the terminal), each worker's last
+lines and first traceback are kept for the summary. A lone unprefixed worker on a real terminal gets
 the terminal raw (its progress bars redraw in place); its log file and watchers still get clean lines.
 The rules and the fast paths: docs/supervisor.md. With `background=True` (the supervisor) the terminal and
 the log files are written from helper threads with bounded queues (`sinks.py`): a slow sink never stalls
@@ -30,14 +31,17 @@ from podguard.launch.errorlines import HEADER, FirstError, SignalTraceback
 from podguard.launch.lines import (
     CONT_END,
     CONT_START,
+    FRAME_START,
     HIDDEN,
     LINE_CAP,
     cut_long,
     cut_long_lines,
+    drop_repeated_frames,
     may_have_long_line,
     normalise_cr,
     split_hidden,
     strip_cursor,
+    strip_escapes,
 )
 from podguard.launch.sinks import LogFile, LogSink, TerminalSink, open_log, write_all
 
@@ -69,6 +73,7 @@ class Stream:
     raw: bool = False  # the terminal gets this stream's bytes as they come (its bars redraw in place)
     first_error: FirstError = field(default_factory=FirstError)
     condense: SignalTraceback = field(default_factory=SignalTraceback)
+    last_frame: bytes = b""  # the last redraw of a rich live display (lines.drop_repeated_frames)
 
 
 class Printer:
@@ -214,6 +219,8 @@ class Printer:
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
         if b"\x1b" in complete and b"\x1b[" in complete:  # (memchr first: a 2-byte search is 80x slower)
+            if FRAME_START in complete:  # a rich live display: its refresh thread redraws what did not move
+                complete, stream.last_frame = drop_repeated_frames(complete, stream.last_frame)
             complete = strip_cursor(complete)
         if not complete:
             return
@@ -244,7 +251,8 @@ class Printer:
             # `pending` holds no line end, except perhaps one last '\\r' (see feed)
             rest = stream.pending.removesuffix(b"\r")
             if rest or not stream.pending.endswith(b"\r"):
-                last = strip_cursor(rest + b"\n")  # (rich's last `ESC[?25h` alone: nothing to show)
+                last, stream.last_frame = drop_repeated_frames(rest + b"\n", stream.last_frame)
+                last = strip_cursor(last)  # (rich's last `ESC[?25h` alone: nothing to show)
                 if last:
                     self._emit(stream, (CONT_START if stream.continued else b"") + last)
             stream.pending = b""
@@ -286,12 +294,16 @@ class Printer:
 
     def _emit(self, stream: Stream, lines: bytes) -> None:
         """`lines`: one or more complete lines, each ending in b'\\n'."""
-        shown = lines
-        if b"\x1b" in lines and HIDDEN in lines:
-            shown, lines = split_hidden(lines)
+        shown = lines  # the terminal keeps colours; the log file, the watchers and the tail get plain text
+        if b"\x1b" in lines:
+            if HIDDEN in lines:
+                shown, lines = split_hidden(lines)
+            lines = strip_escapes(lines)
         traceback = HEADER in lines  # one scan for both watchers of tracebacks
         if stream.visible and shown and not stream.raw:
             self._show(stream, stream.condense.feed(shown) if traceback or stream.condense.held else shown)
+        if not lines:
+            return
         if traceback or stream.first_error.inside:
             stream.first_error.feed(lines)
         if stream.log is not None:

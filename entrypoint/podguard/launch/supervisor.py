@@ -146,8 +146,11 @@ class Supervisor:
         for line in text.splitlines() or [""]:
             self.printer.message(f"podguard: {line}")
 
-    def fail(self, worker: str | None, code: int, detail: str) -> None:
-        """Declare the job failed (e.g. a role that never became ready) and stop everything."""
+    def fail(self, worker: str | None, code: int, detail: str, *, grace_s: float | None = None) -> None:
+        """Declare the job failed (e.g. a role that never became ready) and stop everything; `grace_s` shortens
+        the grace before SIGKILL (a hung job: its end has a deadline)."""
+        if grace_s is not None and not self._shutdown.stopping:
+            self._shutdown.grace_s = min(self._shutdown.grace_s, max(grace_s, 0.0))
         if self._root is None and not self._shutdown.stopping:
             self._root = worker
             self._root_code = code
@@ -261,7 +264,7 @@ class Supervisor:
         if self._shutdown.due(time.monotonic()):
             alive = [w.name for w in self.workers.values() if w.alive] + [str(p) for p in self._orphans.live]
             if alive:
-                self.message(f"grace period of {self.grace_s:g} s over; SIGKILL to {', '.join(alive)}")
+                self.message(f"grace period of {self._shutdown.grace_s:g} s over; SIGKILL to {', '.join(alive)}")
             self.kill_now()
             self._reap()
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["FILE_INTERVAL_S", "FileWriter", "collector_note"]
 
 FILE_INTERVAL_S = 15.0  # PRODUCT.md; PODGUARD_METRICS_INTERVAL changes it (tests, a faster collector)
+CLOSE_WAIT_S = 5.0  # at the end, how long a write still in flight (a stalled network volume) is waited for
 
 
 def collector_note(path: Path) -> str | None:
@@ -51,11 +52,13 @@ class FileWriter:
         *,
         every_s: float = FILE_INTERVAL_S,
         say: Callable[[str], None] = lambda text: None,
+        close_wait_s: float = CLOSE_WAIT_S,
     ) -> None:
         self.path = path
         self._registry = registry
         self._every_s = every_s
         self._say = say
+        self._close_wait_s = close_wait_s
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the thread's write and close()'s last one never interleave
         self.writes = 0
@@ -106,7 +109,14 @@ class FileWriter:
             self.error = None
 
     def close(self) -> None:
-        """Stop the thread and write the last values (best effort, said like any other failed write)."""
+        """Stop the thread and write the last values (best effort, said like any other failed write). A write that
+        has not returned (a stalled volume) is left to its daemon thread: the end of the run never waits on it."""
         self._stop.set()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=self._close_wait_s)
+        if self._thread.is_alive():
+            self._say(
+                f"warning: --metrics-file={str(self.path)!r}: a write has not returned for {self._close_wait_s:g} s "
+                "(a stalled volume?); the last values are not written"
+            )
+            return
         self._write_or_warn()

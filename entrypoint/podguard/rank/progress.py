@@ -10,8 +10,8 @@ one slot per local rank; `heartbeat()` writes its count, the step and the monoto
 slot through an mmap, and the supervisor reads the slots on its own loop (launch/watch/progress.py). Outside
 podguard (no variable) it does nothing. The slot is PODGUARD_HEARTBEAT_SLOT, else LOCAL_RANK, else the rank of
 torch.distributed's process group where the job initialised it before its first heartbeat (ranks a job starts
-itself with torch.multiprocessing.spawn have neither variable), else 0. The pid is read once (and again in a
-forked child), so a heartbeat makes no system call. A rank
+itself with torch.multiprocessing.spawn have neither variable), else 0. The pid is read once (and again, with
+the slot, in a forked child), so a heartbeat makes no system call. A rank
 that has sent a heartbeat is hung when its own heartbeats stop for `--hang-timeout`; with steps, podguard also
 knows each rank's step rate (stragglers). Standard library only; never raises into the training loop.
 """
@@ -69,10 +69,11 @@ def create_board(path: Path, slots: int) -> Path:
     return path
 
 
-def read_board(path: Path) -> dict[int, Beat]:
-    """Every slot that has had a heartbeat (the supervisor's side; one read of a small file)."""
+def read_board(path: Path | int) -> dict[int, Beat]:
+    """Every slot that has had a heartbeat (the supervisor's side; one read of a small file). `path` may be an fd
+    open on the board: it still reads when the file was unlinked under the run (`rm /dev/shm/*` to free space)."""
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if isinstance(path, Path) else os.pread(path, os.fstat(path).st_size, 0)
     except OSError:
         return {}
     if len(data) < FIRST_SLOT or data[:8] != MAGIC:
@@ -153,9 +154,11 @@ def _step_number(step: object) -> int:
 
 
 def _forked() -> None:
-    """In a forked child (a data-loader worker): its own pid, read once."""
-    global _pid
+    """In a forked child: its own pid, and its own slot found again at its first heartbeat (a rank that a launcher
+    forks, Lightning's `ddp_fork` or `start_processes(start_method="fork")`, is another rank than its parent)."""
+    global _pid, _board
     _pid = os.getpid() & 0xFFFFFFFF
+    _board = None  # (the parent's mapping stays the parent's; one open at the child's first heartbeat)
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -63,7 +63,8 @@ class SaveRequest:
         self._flag = True
 
     def take(self, device: Any = None) -> bool:
-        """Whether any rank was asked to save since the last call (every rank gets the same answer)."""
+        """Whether any rank was asked to save since the last call (every rank gets the same answer). `device`: where
+        the all-reduce's tensor lives (the rank's CUDA device under NCCL, its default when None)."""
         flag, self._flag = self._flag, False
         try:
             import torch.distributed as dist
@@ -73,6 +74,8 @@ class SaveRequest:
             return flag
         import torch
 
+        if device is None and dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
+            device = torch.device("cuda", torch.cuda.current_device())
         t = torch.tensor([1 if flag else 0], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())

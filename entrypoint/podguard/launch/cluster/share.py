@@ -10,7 +10,8 @@ what is new to its counter `podguard/progress/<session>/node/<rank>` in a TCPSto
 cluster gate's port (PRIMARY_ADDR, PODGUARD_CLUSTER_PORT, default PRIMARY_PORT + 1: the gate's own store is gone
 by then); every `interval_s` it reads the other nodes' counters. A counter that grew is progress of the job,
 stamped with this node's own clock when it was seen, so the nodes' clocks never need to agree. Only a node's
-own progress is published (never what it heard), so silence on every node stays silence. Every store call runs
+own progress is published (never what it heard), so silence on every node stays silence. A node 0 that restarts
+draws a new session: the counters read before are forgotten, so its fresh counts are progress. Every store call runs
 on this thread with a timeout; a node that cannot reach node 0's store judges on its own progress (said once).
 torch is imported here, on the thread: on multi-node runs only (the gate needs it too). docs/watch.md.
 """
@@ -76,21 +77,25 @@ class ProgressShare:
         started = time.monotonic()
         said = False
         store: Any = None
-        session = ""
+        session = why = ""
         while not self._stop.is_set():
             try:
                 if store is None:
-                    store, session = self._open()
+                    store, fresh = self._open()
+                    if store is not None and fresh != session:  # node 0 restarted: its counters start from 0
+                        self._seen.clear()
+                        session = fresh
                 if store is not None:
                     self._exchange(store, session)
                     self.connected = True
-            except Exception:  # node 0 went away or is not there yet: connect again
-                store = None
+            except Exception as exc:  # node 0 went away or is not there yet (its port taken): connect again
+                store, why = None, f" ({str(exc).splitlines()[0][:120]})" if str(exc) else ""
             if store is None and not said and time.monotonic() - started > SAY_AFTER_S:
                 said = True
+                what = "host the progress share on" if self.settings.hosts else "reach node 0's progress share at"
                 self.say(
-                    f"warning: cannot reach node 0's progress share at {self.settings.endpoint}: this node judges "
-                    "a hang on its own workers' output only"
+                    f"warning: cannot {what} {self.settings.endpoint}{why}: this node judges a hang on its own "
+                    "workers' output only"
                 )
             self._stop.wait(self.interval_s)
 

@@ -54,7 +54,9 @@ _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
 _LAUNCHERS = {
     "torchrun": "torchrun",
     "accelerate": "accelerate launch",
+    "accelerate-launch": "accelerate launch",
     "deepspeed": "deepspeed",
+    "deepspeed.pt": "deepspeed",
     "lightning": "lightning's CLI",
     "fabric": "Lightning Fabric's CLI",
     "mpirun": "mpirun",
@@ -159,6 +161,9 @@ def _python_command(python: str, argv: Sequence[str]) -> UserCommand:
             opts.append(tok)
         i += 1
     if i < len(argv) and not argv[i].startswith("-"):
+        what = _LAUNCHERS.get(os.path.basename(argv[i]))  # `python /venv/bin/accelerate launch ...`
+        if what is not None:
+            raise _launcher_refused(what, argv)
         return UserCommand(CommandKind.SCRIPT, python, tuple(opts), argv[i], tuple(argv[i + 1 :]))
     # `python -c CODE`, `python -` or a bare interpreter: run exactly as given
     return UserCommand(CommandKind.PROGRAM, python, (), python, tuple(argv[1:]))

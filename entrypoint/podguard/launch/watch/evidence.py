@@ -21,18 +21,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from podguard.errors import DEFAULT_GRACE_S
 from podguard.launch.watch.progress import Hang
 
-__all__ = ["HANG_END_S", "HangEvidence", "evidence_deadline_s", "write_json"]
+__all__ = ["HANG_END_S", "LOOP_WRITE_S", "HangEvidence", "evidence_deadline_s", "hang_grace_s", "write_json"]
 
 HANG_END_S = 60.0  # a hung job is ended within --hang-timeout + this (PRODUCT.md); PODGUARD_HANG_END_S: tests
+LOOP_WRITE_S = 0.5  # a record written from the supervisor's loop: waited for at most this long
 END_MARGIN_S = 8.0  # after the grace: leftovers (2 s), the pipes (0.5 s), the output (3 s), the watch's close
 
 
 def evidence_deadline_s(end_s: float, tick_s: float, grace_s: float) -> float:
     """How long the evidence may take so that the job ends within `end_s` of the hang timeout: the tick that
-    found it, the grace after SIGTERM and the supervisor's bounded end come after it."""
-    return max(1.0, end_s - tick_s - grace_s - END_MARGIN_S)
+    found it, the grace after SIGTERM and the supervisor's bounded end come after it. A --grace over the default
+    counts as the default here (44 s for the evidence): the grace of a hung job is cut to what is left instead
+    (`hang_grace_s`), so a long grace never starves the stacks."""
+    return max(1.0, end_s - tick_s - min(grace_s, DEFAULT_GRACE_S) - END_MARGIN_S)
+
+
+def hang_grace_s(end_s: float, tick_s: float, found_at: float, now: float) -> float:
+    """The grace before SIGKILL once the job is ended as hung: what is left of `end_s` (at least 1 s), so that a
+    long --grace (meant for a save on SIGTERM, which a hung rank never gets to) cannot push the end past it."""
+    return max(1.0, found_at + end_s - tick_s - END_MARGIN_S - now)
 
 
 class HangEvidence:
@@ -78,7 +88,7 @@ class HangEvidence:
     def unfinished(self, waited_s: float) -> list[str]:
         """The summary so far and one line saying what did not finish (the deadline ended the job)."""
         self.record["unfinished"] = self.step
-        write_json(self.dir / "hang.json", {**self.record, "summary": self.lines()})
+        write_json(self.dir / "hang.json", {**self.record, "summary": self.lines()}, wait_s=LOOP_WRITE_S)
         return [*self.lines(), f"evidence incomplete after {waited_s:.0f} s (still {self.step}): ending the job"]
 
     def _run(self, on_done: Callable[[list[str]], None]) -> None:
@@ -136,12 +146,24 @@ class HangEvidence:
         return target
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Best effort (a full volume must not turn a hang into a traceback)."""
+def write_json(path: Path, data: Mapping[str, Any], *, wait_s: float | None = None) -> None:
+    """Best effort (a full volume must not turn a hang into a traceback). `wait_s`: written on a daemon thread,
+    waited for at most that long: the supervisor's loop never blocks on a stalled network volume (the state dir
+    is usually one; a stall there may be what hung the job)."""
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    if wait_s is None:
+        _write_text(path, text)
+        return
+    writer = threading.Thread(target=_write_text, args=(path, text), name="podguard-record", daemon=True)
+    writer.start()
+    writer.join(wait_s)
+
+
+def _write_text(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError:
         pass

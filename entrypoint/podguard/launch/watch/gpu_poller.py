@@ -1,6 +1,6 @@
 """The GPU fault watch's NVML calls on a thread of their own, never on the supervisor's loop.
 
-    poller = GpuPoller(watch, interval_s=1.0, after_poll=read_gauges)
+    poller = GpuPoller(watch, interval_s=1.0, after_poll=read_gauges, on_faults=wake_the_loop)
     poller.start()
     faults = poller.take()              # on the loop: the faults polled since the last take (never blocks)
     faults = poller.poll_now(0.5)       # a worker just died: one fresh poll, waited for at most 0.5 s
@@ -10,7 +10,9 @@
 NVML can block for seconds (GSP timeouts, an Xid 79 in progress) or never return; on the loop that would
 freeze output, signals and the hang watch. Here a call that does not return is itself a finding: the loop
 sees how long the call has been in flight (`stuck_s`) and says the GPU is not answering; the thread is a
-daemon and is given up at the end (the watch is then not closed: closing would call NVML too). docs/watch.md.
+daemon and is given up at the end (the watch is then not closed: closing would call NVML too). A poll that found
+faults calls `on_faults()` at once (the loop takes them then, not at its next tick: a fatal Xid ends the job
+within about a second of the poll that saw it). docs/watch.md.
 """
 
 from __future__ import annotations
@@ -33,17 +35,20 @@ NVML_STALL_S = 10.0  # an NVML poll in flight this long: the GPU (or its driver)
 
 class GpuPoller:
     """See the module docstring. `after_poll(watch)`: called on the thread after each poll (the metrics'
-    GPU gauges, through the same NVML session); its errors are logged, never raised."""
+    GPU gauges, through the same NVML session); its errors are logged, never raised. `on_faults()`: called on the
+    thread after a poll that found faults (the caller wakes its loop: `take()` them there)."""
 
     def __init__(
         self,
         watch: GpuFaultWatch,
         interval_s: float,
         after_poll: Callable[[GpuFaultWatch], None] | None = None,
+        on_faults: Callable[[], None] | None = None,
     ) -> None:
         self.watch = watch
         self.interval_s = interval_s
         self.after_poll = after_poll
+        self.on_faults = on_faults
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._faults: list[GpuFault] = []
@@ -68,17 +73,24 @@ class GpuPoller:
                 self._faults.extend(faults)
                 self._done += 1
                 self._wake.notify_all()
+            if faults and self.on_faults is not None:
+                self._call(self.on_faults)
+            with self._lock:
                 if self._asked <= self._done:  # nobody waits for a fresh poll: sleep until the next
                     self._wake.wait_for(lambda: self._stop or self._asked > self._done, self.interval_s)
 
     def _poll(self) -> list[GpuFault]:
         faults = self.watch.poll()  # never raises by design
         if self.after_poll is not None:
-            try:
-                self.after_poll(self.watch)
-            except Exception as exc:
-                log.debug("GPU watch: after_poll failed: %s", exc)
+            self._call(lambda: self.after_poll(self.watch))  # type: ignore[misc]
         return faults
+
+    @staticmethod
+    def _call(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            log.debug("GPU watch: a callback failed: %s", exc)
 
     def take(self) -> list[GpuFault]:
         """The faults polled since the last take (the loop thread; never blocks on NVML)."""

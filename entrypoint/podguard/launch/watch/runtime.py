@@ -28,12 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
-from podguard.launch.watch.board import PlacedBoard, place_board, remove_board
-from podguard.launch.watch.evidence import HANG_END_S, HangEvidence, evidence_deadline_s, write_json
+from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, remove_board
+from podguard.launch.watch.evidence import (
+    HANG_END_S,
+    LOOP_WRITE_S,
+    HangEvidence,
+    evidence_deadline_s,
+    hang_grace_s,
+    write_json,
+)
 from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
 from podguard.launch.watch.progress import Hang, ProgressWatch
 from podguard.launch.watch.stragglers import StepRates
-from podguard.rank.progress import ENV_FILE, Beat, read_board
+from podguard.rank.progress import ENV_FILE, Beat
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
@@ -93,6 +100,7 @@ class RuntimeWatch:
         self._evidence: HangEvidence | None = None
         self._deadline: Any = None  # the timer that ends a hung job whatever the evidence thread does
         self._hang_ended = False
+        self._hang_at = 0.0  # when the hang was found (time.monotonic())
         self._closed = False
         self.flight = False  # torch's flight recorder was armed for this attempt
         self.job_env: dict[str, str] = dict(os.environ)
@@ -142,7 +150,12 @@ class RuntimeWatch:
 
             self._share = share_or_none(self.settings.cluster, lambda: self.progress.events, say=self._say_later)
         if self._gpu_watch is not None and self._poller is None:  # NVML off the loop: its own thread
-            self._poller = GpuPoller(self._gpu_watch, self.settings.tick_s, after_poll=self._after_gpu_poll)
+            from podguard.launch.watch.gpu_faults import POLL_INTERVAL_S
+
+            self._poller = GpuPoller(
+                self._gpu_watch, min(self.settings.tick_s, POLL_INTERVAL_S), after_poll=self._after_gpu_poll,
+                on_faults=lambda: self._on_loop(self._poll_faults),
+            )  # fmt: skip
             self._poller.start()
         self._schedule()
 
@@ -169,10 +182,9 @@ class RuntimeWatch:
         if self._evidence is not None:  # bounded: past the deadline the thread is given up (a daemon)
             self._evidence.join(1.0 if self._evidence.done else 0.1)
         if self._placed is not None:
-            if self.board is not None:  # the last beats (after the last tick), for the metrics' final values
-                self.beats = read_board(self.board)
+            self.beats = read_placed(self._placed)  # the last beats (after the last tick): the metrics' final values
             remove_board(self._placed)
-        write_json(self.run_dir / "watch.json", self.record())  # the run's record: hang, faults, stragglers
+        write_json(self.run_dir / "watch.json", self.record(), wait_s=4 * LOOP_WRITE_S)  # hang, faults, stragglers
 
     # -- the loop -------------------------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -189,7 +201,7 @@ class RuntimeWatch:
         sup = self.sup
         assert sup is not None
         now = time.monotonic()
-        board = self.beats = read_board(self.board) if self.board is not None else {}
+        board = self.beats = read_placed(self._placed)
         for slot in self.progress.beats(board, now):
             beat = board[slot]
             if beat.step is not None:
@@ -235,10 +247,14 @@ class RuntimeWatch:
 
     def _say_later(self, text: str) -> None:
         """A line from a helper thread, printed by the loop."""
+        self._on_loop(lambda: self.sup.message(text) if self.sup is not None else None)
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """`fn` on the supervisor's loop, from a helper thread (dropped once the watch is closed)."""
         sup = self.sup
         if sup is not None and not self._closed:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
-                sup.call_from_thread(lambda: sup.message(text))
+                sup.call_from_thread(lambda: None if self._closed else fn())
 
     def _after_gpu_poll(self, watch: GpuFaultWatch) -> None:
         """On the poller's thread: the metrics' GPU gauges, through the same NVML session."""
@@ -274,7 +290,7 @@ class RuntimeWatch:
 
     def _write_faults(self) -> None:
         record = {"faults": [f.to_dict() for f in self.faults]}
-        write_json(self.run_dir / "gpu_faults.json", record)
+        write_json(self.run_dir / "gpu_faults.json", record, wait_s=LOOP_WRITE_S)  # (on the loop: bounded)
 
     # -- hangs ----------------------------------------------------------------------------------------------
     def _on_hang(self, hang: Hang) -> None:
@@ -282,6 +298,7 @@ class RuntimeWatch:
         sup = self.sup
         assert sup is not None
         self.hang = hang
+        self._hang_at = time.monotonic()
         sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}")
         pids = {name: w.pid for name, w in sup.workers.items() if w.alive}
         self.worker_gpus = {name: tuple(w.spec.gpus) for name, w in sup.workers.items()}
@@ -315,7 +332,9 @@ class RuntimeWatch:
         for line in lines:
             sup.message(line)
         who = f" (rank(s) {', '.join(map(str, hang.ranks))})" if hang.ranks else ""
-        sup.fail(None, ExitCode.HUNG, f"job hung{who}")  # (the HUNG line above said why)
+        st = self.settings
+        grace = hang_grace_s(st.hang_end_s, st.tick_s, self._hang_at, time.monotonic())
+        sup.fail(None, ExitCode.HUNG, f"job hung{who}", grace_s=grace)  # (the HUNG line above said why)
 
     # -- after the job --------------------------------------------------------------------------------------
     def explain(self, outcome: JobOutcome) -> JobOutcome:

@@ -10,7 +10,9 @@ C++ hooks inside the autograd engine, so py-spy shows the rank's innermost Pytho
 with no collective frame; FSDP (`_unshard`, `_wait_for_post_backward`, FSDP2's `foreach_all_gather`,
 `wait_for_unshard`, `foreach_reduce`) and DeepSpeed (`allreduce_gradients`, `average_tensor`,
 `reduce_ipg_grads`, its `deepspeed.comm` calls) name theirs in Python. Ranks that wait while others are
-elsewhere name the others as the likely stuck ranks. Only the ranks are compared: a launcher (mp.spawn's
+elsewhere name the others as the likely stuck ranks, where those are no more than the waiting ones (on NCCL most
+waiting ranks block in a GPU sync such as `.item()`, with no collective frame: three ranks at one `.item()` and
+one in a barrier do not make three stuck ranks). Only the ranks are compared: a launcher (mp.spawn's
 parent), multiprocessing helpers and a rank's own children (data-loader workers) keep their stacks but are not
 in the verdict. docs/watch.md, "Stacks".
 """
@@ -122,8 +124,8 @@ def _verdict(good: Sequence[RankStacks]) -> str | None:
         return f"all {len(good)} ranks {_state(good[0], plural=True)}: none differs (the stuck one may be elsewhere)"
     waiting = [g for g in ordered if g[0].collective]
     outside = [g for g in ordered if not g[0].collective]
-    if waiting and outside:  # a collective waits for the ranks that never reached it
-        stuck = sum(len(g) for g in outside)
+    stuck = sum(len(g) for g in outside)
+    if waiting and outside and stuck <= len(good) - stuck:  # a collective waits for the (fewer) ranks outside it
         who = "is the likely stuck rank" if stuck == 1 else "are the likely stuck ranks"
         return "; ".join(_group(g) for g in waiting + outside) + f": {_ranks([s for g in outside for s in g])} {who}"
     if len(ordered[0]) * 2 <= len(good):

@@ -152,7 +152,7 @@ def _local_keeper(name: str) -> int | None:
 
 
 def end_keepers(
-    api: PodApi, name: str, say: Callable[[str], None], *, outcome: str = "down", wait_s: float = 10.0
+    api: PodApi, name: str, say: Callable[[str], None], *, outcome: str = "down", wait_s: float = 30.0
 ) -> bool:
     """`pod down NAME` / `pod stop NAME`: end a keeper on this machine (SIGTERM, through its lock) and terminate
     keeper pods, before NAME is touched, also when no pod of the name exists (a keeper waiting for capacity

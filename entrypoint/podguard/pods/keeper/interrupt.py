@@ -2,6 +2,13 @@
 
 with signals_raise():
     ...                      # Interrupted(signum) is raised in the main thread
+    with held():
+        target.create(...)   # a SIGTERM now waits for the create's answer, then is raised at the block's end
+
+A create cut by a signal may still be made by RunPod after the keeper is gone: `pod down` ending the keeper would
+then look the name up too early and leave the new pod billing. Held, the create's answer arrives first (the keeper
+remembers the pod, or a keeper started again adopts it by name) and `pod down`, which waits for the keeper to end,
+finds it.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Interrupted", "signals_raise"]
+__all__ = ["Interrupted", "held", "signals_raise"]
+
+_held: list[int] | None = None  # inside held(): the signals that came meanwhile
 
 
 class Interrupted(Exception):
@@ -24,6 +33,9 @@ def signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the keeper like Ctrl-C: the pod is left as it is, the state stays resumable."""
 
     def handler(signum: int, _frame: object) -> None:
+        if _held is not None:
+            _held.append(signum)
+            return
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -32,3 +44,19 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """SIGTERM/SIGHUP that come inside the block are raised (as Interrupted) once it ends, not in its middle."""
+    global _held
+    if _held is not None:  # nested: the outer block raises
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        pending, _held = _held, None
+        if pending:
+            raise Interrupted(pending[0])

@@ -21,7 +21,7 @@ from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Act, Decision, JobView, Observed, Outcome, decide
 from podguard.pods.keeper.ending import TRANSIENT, KeepResult
 from podguard.pods.keeper.events import Events
-from podguard.pods.keeper.interrupt import Interrupted, signals_raise
+from podguard.pods.keeper.interrupt import Interrupted, held, signals_raise
 from podguard.pods.keeper.lines import CueKind, read_line
 from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.record import KeepState, KeepStore
@@ -84,7 +84,7 @@ class Keeper(Recovering):
                 return self._complete_ending()
             if self.state.phase == "replacing":
                 self._finish_replacement(resumed=True)
-            elif self.target.adopt():
+            elif self.target.adopt(prefer=saved.target_id):  # several of the name (another actor mid-way): ours
                 same = "the one kept before" if self.target.target_id == saved.target_id else "a new one"
                 self.events.note(f"{self.target.describe()} exists ({same})")
             elif not saved.target_id:  # the first `pod up` never finished: nothing was lost, make it now
@@ -103,7 +103,9 @@ class Keeper(Recovering):
         """What `pod up` does (without its wait), waiting for capacity; a pod whose host is full is replaced."""
         while True:
             try:
-                action = self.target.up(self.events.note)
+                with held():  # a `pod down` meanwhile: the create's answer first, so that `down` finds the pod
+                    action = self.target.up(self.events.note)
+                    self._remember_target()
                 break
             except ApiError as exc:
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:

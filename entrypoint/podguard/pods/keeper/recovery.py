@@ -19,6 +19,7 @@ from podguard.outcome_lines import Checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Act, Decision, Observed
 from podguard.pods.keeper.ending import TRANSIENT, Ending, KeepResult
+from podguard.pods.keeper.interrupt import held
 from podguard.pods.model import PodStatus
 from podguard.pods.spec import PodSpec
 
@@ -70,8 +71,11 @@ class Recovering(Ending):
                 self.target.start()
             except ApiError as exc:
                 if exc.kind in TRANSIENT:  # a 5xx, a dropped connection or a 429
-                    self.state.recoveries -= 1  # not started: the next poll decides again
-                    self.store.save(self.state)
+                    self.state.recoveries -= 1  # maybe not started: the next poll decides again
+                    # maybe started (the answer was lost): the boot clocks start now, so that a pod booting
+                    # is not taken for a lost host (its last line is from before it stopped)
+                    self.view.after_recovery(replaced=False)
+                    self._after_recovery()
                     raise
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:
                     raise
@@ -140,7 +144,8 @@ class Recovering(Ending):
                 self._say_adopted(resumed)
                 return
             try:
-                self.target.create(self.events.note, self.state.data_center or None)
+                with held():  # a `pod down` meanwhile waits for the answer (a keeper started again adopts it)
+                    self.target.create(self.events.note, self.state.data_center or None)
                 break
             except ApiError as exc:
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:

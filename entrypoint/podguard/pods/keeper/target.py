@@ -31,7 +31,7 @@ from podguard.pods.clusters.streams import NodeStreams
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import NodeState, Observed
 from podguard.pods.keeper.record import KeepState, NodeMark
-from podguard.pods.keeper.twins import oldest, pick_one
+from podguard.pods.keeper.twins import pick_one, settle
 from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus, allowed_actions
 from podguard.pods.placement import create_first_fit, pods_named
 from podguard.pods.progress import Progress
@@ -55,7 +55,7 @@ class Target(Protocol):
 
     def up(self, say: Say) -> str: ...
 
-    def adopt(self, *, exclude: str = "", only: str = "") -> bool: ...
+    def adopt(self, *, exclude: str = "", only: str = "", prefer: str = "") -> bool: ...
 
     def discard(self, target_id: str) -> None: ...
 
@@ -125,9 +125,10 @@ class PodTarget:
         what = f"look up pod {self.name}"
         return with_retry(lambda: pods_named(self.api, self.name, exclude=(exclude,)), self.api.policy, what=what)
 
-    def adopt(self, *, exclude: str = "", only: str = "") -> bool:
-        """The pod of this name, whoever made it (`exclude`: not that one; `only`: that one); False if none."""
-        pod = pick_one(self._named(exclude), "pod", self.name, only)
+    def adopt(self, *, exclude: str = "", only: str = "", prefer: str = "") -> bool:
+        """The pod of this name, whoever made it (`exclude`: not that one; `only`: that one; of several: `prefer`,
+        else the oldest); False if none."""
+        pod = pick_one(self._named(exclude), only=only, prefer=prefer)
         if pod is None:
             return False
         assert isinstance(pod, Pod)
@@ -155,10 +156,7 @@ class PodTarget:
         found = self._named()
         if len(found) < 2:
             return ""
-        keep = oldest(found)
-        for twin in found:
-            if twin.id != keep.id:
-                self.discard(twin.id)
+        keep = settle(found, self.discard)
         if keep.id == self.pod.id:
             return ""
         mine = self.pod.id
@@ -276,9 +274,9 @@ class ClusterTarget:
         what = f"look up cluster {self.name}"
         return with_retry(lambda: clusters_named(self.api, self.name, exclude=(exclude,)), self.api.policy, what=what)
 
-    def adopt(self, *, exclude: str = "", only: str = "") -> bool:
-        """The cluster of this name, whoever made it (`exclude`: not that one; `only`: that one); False if none."""
-        cluster = pick_one(self._named(exclude), "cluster", self.name, only)
+    def adopt(self, *, exclude: str = "", only: str = "", prefer: str = "") -> bool:
+        """The cluster of this name, whoever made it (as PodTarget.adopt); False if none."""
+        cluster = pick_one(self._named(exclude), only=only, prefer=prefer)
         if cluster is None:
             return False
         assert isinstance(cluster, Cluster)
@@ -304,10 +302,7 @@ class ClusterTarget:
         found = self._named()
         if len(found) < 2:
             return ""
-        keep = oldest(found)
-        for twin in found:
-            if twin.id != keep.id:
-                self.discard(twin.id)
+        keep = settle(found, self.discard)
         if keep.id == self.cluster.id:
             return ""
         mine = self.cluster.id
