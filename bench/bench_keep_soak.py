@@ -313,11 +313,16 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300)
     parser.add_argument("--max-s", type=float, default=420.0, help="the soak's time bound (seconds)")
     parser.add_argument("--twin-s", type=float, default=2.0, help="two pods of the name longer than this: a duplicate")
+    parser.add_argument("--work", type=Path, help="an empty folder to keep the keeper's log and state in")
     args = parser.parse_args()
     compile_bytecode()
-    with tempfile.TemporaryDirectory(prefix="podguard-bench-soak-") as tmp:
-        result = soak(args.seed, args.events, args.max_s, args.twin_s, Path(tmp))
-        result.pop("log")
+    if args.work is not None:
+        args.work.mkdir(parents=True)
+        result = soak(args.seed, args.events, args.max_s, args.twin_s, args.work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="podguard-bench-soak-") as tmp:
+            result = soak(args.seed, args.events, args.max_s, args.twin_s, Path(tmp))
+            result.pop("log")
     print(json.dumps(result, indent=2))
     ok = result["duplicates"] == 0 and result["pods_left_billing"] == 0 and result["final_exit"] == 0
     print(f"seed {args.seed}: duplicates {result['duplicates']}, pods left billing {result['pods_left_billing']}")

@@ -8,6 +8,7 @@ must be over within --hang-timeout + 10 s of its last line, and nothing of it le
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def _with_cmdline(needle: str) -> list[int]:
 
 
 def _run_hung_job(
-    node, tmp_path: Path, py_spy: Path, *, grace_s: float = 1, job_text: str = JOB
+    node, tmp_path: Path, py_spy: Path, *, grace_s: float = 1, job_text: str = JOB, timeout_s: float = 60
 ) -> tuple[int, str, float, int]:
     job = script(tmp_path, "stuck.py", job_text)
     env = {
@@ -72,11 +73,12 @@ def _run_hung_job(
             if line.strip() == "ready":
                 break
         last_line = time.monotonic()
-        out, _ = proc.communicate(timeout=60)  # the old code waited for py-spy forever (FUSE) or 10 s + more
+        out, _ = proc.communicate(timeout=timeout_s)  # the old code waited for py-spy forever (FUSE) or 10 s + more
         ended = time.monotonic() - last_line
     finally:
         proc.kill()
-        proc.communicate()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # (a worker SIGKILL cannot end holds the pipe)
+            proc.communicate(timeout=5)
     return proc.returncode, "".join(lines) + out, ended, int((tmp_path / "pid").read_text())
 
 
@@ -169,3 +171,22 @@ def test_a_long_grace_never_starves_the_evidence():
     assert hang_grace_s(60.0, 1.0, found_at=100.0, now=144.0) == 7.0  # the evidence took all of its 44 s
     assert hang_grace_s(60.0, 1.0, found_at=100.0, now=103.0) == 48.0  # it was quick: the grace may be longer
     assert hang_grace_s(60.0, 1.0, found_at=100.0, now=170.0) == 1.0
+
+
+def test_a_worker_that_sigkill_cannot_end_does_not_keep_podguard_running(cli_node, tmp_path):
+    """The usual GPU hang: the rank itself is in uninterruptible sleep in the driver (here: a read of a FUSE file
+    that never answers), so SIGKILL stays pending for ever. podguard gives up on it 2 s after SIGKILL, ends 79 and
+    names it (it waited for the worker's exit for ever: the pod billed on)."""
+    if not StallFs.available():
+        pytest.skip("needs root and /dev/fuse (a FUSE file that never answers)")
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    with StallFs(tmp_path / "mnt") as fs:
+        stuck = JOB.replace("time.sleep(3600)", f"open({str(fs.file)!r}, 'rb').read()")
+        code, out, ended, pid = _run_hung_job(cli_node, tmp_path, fake, job_text=stuck, timeout_s=30)
+        assert fs.reads >= 1
+        assert _running(pid)  # (the worker really outlived SIGKILL)
+    assert code == 79, out[-3000:]
+    assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]
+    assert "did not die after SIGKILL" in out and str(pid) in out, out[-3000:]

@@ -359,3 +359,17 @@ def test_the_log_file_watchers_and_tail_get_plain_text_while_the_terminal_keeps_
     assert seen == ["step 5 x.py", "rank1: boom"]
     assert (tmp_path / "job.log").read_bytes() == b"step 5 x.py\nrank1: boom\n"
     assert p.tail("job") == ("step 5 x.py", "rank1: boom")
+
+
+def test_a_redraw_that_repeats_the_last_one_is_not_a_line(tmp_path: Path):
+    """rich's refresh thread redraws a stalled bar 10 times a second (`\\r ESC[2K` then the frame): a repeat is
+    neither a log line nor activity; a frame that moved, or a line printed above the bar, is."""
+    p, out = _printer()
+    s = p.add("job", None, log_path=tmp_path / "job.log")
+    seen: list[str] = []
+    p.watch_all(lambda name, line: seen.append(line))
+    two_lines = b"\r\x1b[2K\x1b[1A\x1b[2Kep 0 3/9\nloss 1"
+    _feed_all(p, s, [b"\x1b[?25lep 0 3/9\nloss 1", two_lines * 5, b"\r\x1b[2K\x1b[1A\x1b[2Kloaded\nep 0 3/9\nloss 1"])
+    p.finish()
+    assert seen == ["ep 0 3/9", "loss 1", "ep 0 3/9", "loss 1", "loaded", "ep 0 3/9", "loss 1"]
+    assert out.getvalue().decode().splitlines() == seen

@@ -83,6 +83,19 @@ def test_an_unchanged_heartbeat_is_not_progress_and_a_future_time_is_clamped():
     assert watch.progressed
 
 
+def test_a_rank_that_torchrun_restarted_beats_again_even_at_its_old_count():
+    """torchrun's --max-restarts: the new process of rank 0 counts from 1 again, and may be at the old count when
+    the board is read; a new pid is a new beat (it was ignored: the new rank was never judged on its own)."""
+    watch = ProgressWatch(10.0, None, started_at=0.0)
+    assert watch.beats({0: Beat(0, 3, None, 2.0, 500)}, 2.0) == [0]
+    restarted = {0: Beat(0, 3, None, 30.0, 777)}  # the old rank died at its 3rd beat; the new one is at its 3rd
+    assert watch.beats(restarted, 30.0) == [0] and watch.rank_last[0] == (30.0, None, 777)
+    assert watch.beats(restarted, 31.0) == []  # (then: unchanged is unchanged)
+    watch.line("GPU0", "eval done", 44.0)
+    assert watch.check(45.0, alive=lambda pid: False) is None and 0 not in watch.rank_last  # ended: forgotten
+    assert watch.beats(restarted, 46.0) == []  # and its last beat, still on the board, is not progress again
+
+
 def test_next_due_is_the_earliest_possible_hang_and_off_without_a_timeout():
     watch = ProgressWatch(10.0, None, started_at=0.0)
     watch.beats(beat(0, 1, 3.0), 3.0)

@@ -193,6 +193,20 @@ def test_pod_down_or_stop_while_the_keeper_creates_leaves_nothing_billing(standi
     assert [p.status for p in live_pods(standin.world)] in ([], ["EXITED"]), done.stderr  # nothing billing
 
 
+def test_pod_down_ends_a_keeper_of_the_name_in_another_state_dir_too(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    first = keep(spec)
+    passes(tmp_path)
+    second_dir = tmp_path / "second"
+    second = keep(spec, env={"PODGUARD_STATE_DIR": str(second_dir / "state")})  # another terminal, another env
+    wait_event(second_dir, "up")
+    down = pg(["pod", "down", "trainer"])
+    assert down.returncode == 0, down.stderr
+    assert finish(first)[0] == finish(second)[0] == 128 + signal.SIGTERM, down.stderr
+    time.sleep(1.0)
+    assert not live_pods(world) and len(creates(standin)) == 1  # the user's hand wins: nothing made again
+
+
 def test_pod_stop_of_a_kept_pod_ends_its_keeper_and_pod_start_says_nothing_keeps_it(standin, spec, tmp_path):  # noqa: F811
     proc = keep(spec)
     passes(tmp_path)

@@ -4,6 +4,7 @@
 
 `conductor.py` reads like the lifecycle (attempt -> preflight -> launch -> watch -> outcome -> restart or end);
 `attempt.py` launches one attempt under the run-time watches; `restarts.py` decides about relaunches (pure);
-the END/RESTART lines a keeper reads are `podguard/outcome_lines.py`; `cluster.py` is where the preflight meets the cluster gate.
+`cluster.py` is where the preflight meets the cluster gate; `handoff.py` hands each attempt its checkpoint.
+The END/RESTART lines a keeper reads are formatted in `podguard/outcome_lines.py`.
 This package is the glue between preflight/ and launch/ (which never import each other); the CLI only parses.
 """

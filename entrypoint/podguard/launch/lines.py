@@ -4,11 +4,11 @@
     cut_long_lines(data)                                  # lines > LINE_CAP in marked chunks
     strip_cursor(b"\\x1b[A\\x1b[2K 30%\\n")               # b" 30%\\n": no cursor moves once lines are cut
     split_hidden(HIDDEN + b"rank1: x\\nrank0: y\\n")      # (b"rank0: y\\n", b"rank1: x\\nrank0: y\\n")
-    strip_escapes(b"step \\x1b[1;36m5\\x1b[0m\\n")           # b"step 5\\n": log files and the watch get plain text
-    drop_repeated_frames(b"\\x1b[2K 30%\\n", b"\\x1b[2K 30%")  # (b"", b"\\x1b[2K 30%"): a redraw of nothing new
+    strip_escapes(b"step \\x1b[1;36m5\\x1b[0m\\n")        # b"step 5\\n": log files and the watch get plain text
+    Redraws().filter(b"\\x1b[2K 30%\\n\\x1b[2K 30%\\n")  # b"\\x1b[2K 30%\\n": a repeated redraw goes
 
-Whole-buffer operations (`split`, `rfind`, C-level `map`s), never a Python loop per line: the rules
-and why they are fast are in docs/supervisor.md.
+Whole-buffer operations (`split`, `rfind`, C-level `map`s), never a Python loop per line (`Redraws` alone
+loops, over a rich live display's lines only): the rules and why they are fast are in docs/supervisor.md.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from itertools import repeat
 __all__ = [
     "CONT_END",
     "CONT_START",
+    "FRAME_START",
     "HIDDEN",
     "LINE_CAP",
+    "Redraws",
     "cut_long",
     "cut_long_lines",
-    "drop_repeated_frames",
     "may_have_long_line",
     "normalise_cr",
     "split_hidden",
@@ -145,29 +146,41 @@ def strip_escapes(data: bytes) -> bytes:
     return _ESCAPE_RE.sub(b"", _ESCAPE_ONLY_LINE.sub(b"", data))
 
 
-def drop_repeated_frames(lines: bytes, last: bytes) -> tuple[bytes, bytes]:
-    """(`lines` without the redraws that repeat the one before, the last redraw) for complete `lines`.
+class Redraws:
+    """Drops the lines of a rich live display's redraw that repeat the line at the same place in the redraw
+    before (a redraw starts with FRAME_START and runs to the next one; it may span reads, its last line ends
+    only with the next redraw's `\\r`). rich's refresh thread redraws a stalled `track()` bar 10 times a second:
+    as lines, the repeats filled the log file and counted as activity, so a hung job was never called hung.
+    A redraw in which something moved keeps its changed lines."""
 
-    A redraw is a line that starts with FRAME_START and the lines after it up to the next one. An identical
-    redraw says nothing new: a stalled `track()` loop redraws the same bar 10 times a second, and as lines those
-    would fill the log file and count as activity, so a hung job was never called hung."""
-    if True:
-        return lines, last
-    every = lines.split(b"\n")
-    end = every.pop()  # b"": `lines` ends with a newline
-    groups: list[list[bytes]] = [[]]
-    for line in every:
-        if line.startswith(FRAME_START):
-            groups.append([line])
-        else:
-            groups[-1].append(line)
-    kept = groups[0]
-    for group in groups[1:]:
-        frame = b"\n".join(group)
-        if frame != last:
-            kept.extend(group)
-            last = frame
-    return (b"\n".join([*kept, end]) if kept else b""), last
+    MAX_LINES = 200  # a redraw longer than this is not a live display: stop comparing
+
+    def __init__(self) -> None:
+        self.prev: list[bytes] = []  # the lines of the previous redraw
+        self.cur: list[bytes] | None = None  # the lines of the redraw under way; None: outside any
+
+    def filter(self, lines: bytes) -> bytes:
+        """Complete `lines` (each ending in a newline) without the repeated ones."""
+        every = lines.split(b"\n")
+        end = every.pop()  # b"": `lines` ends with a newline
+        kept: list[bytes] = []
+        for line in every:
+            if line.startswith(FRAME_START):
+                if self.cur is not None:
+                    self.prev = self.cur
+                self.cur = [line]
+                if not self.prev or self.prev[0] != line:
+                    kept.append(line)
+            elif self.cur is not None:
+                pos = len(self.cur)
+                self.cur.append(line)
+                if pos >= len(self.prev) or self.prev[pos] != line:
+                    kept.append(line)
+                if pos >= self.MAX_LINES:
+                    self.cur = None
+            else:
+                kept.append(line)
+        return b"\n".join([*kept, end]) if kept else b""
 
 
 def split_hidden(lines: bytes) -> tuple[bytes, bytes]:

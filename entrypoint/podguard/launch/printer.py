@@ -34,9 +34,9 @@ from podguard.launch.lines import (
     FRAME_START,
     HIDDEN,
     LINE_CAP,
+    Redraws,
     cut_long,
     cut_long_lines,
-    drop_repeated_frames,
     may_have_long_line,
     normalise_cr,
     split_hidden,
@@ -73,7 +73,7 @@ class Stream:
     raw: bool = False  # the terminal gets this stream's bytes as they come (its bars redraw in place)
     first_error: FirstError = field(default_factory=FirstError)
     condense: SignalTraceback = field(default_factory=SignalTraceback)
-    last_frame: bytes = b""  # the last redraw of a rich live display (lines.drop_repeated_frames)
+    redraws: Redraws = field(default_factory=Redraws)  # a rich live display's repeated lines are dropped
 
 
 class Printer:
@@ -218,9 +218,9 @@ class Printer:
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
+        if stream.redraws.cur is not None or (b"\x1b" in complete and FRAME_START in complete):
+            complete = stream.redraws.filter(complete)  # a rich live display: what its redraws repeat goes
         if b"\x1b" in complete and b"\x1b[" in complete:  # (memchr first: a 2-byte search is 80x slower)
-            if FRAME_START in complete:  # a rich live display: its refresh thread redraws what did not move
-                complete, stream.last_frame = drop_repeated_frames(complete, stream.last_frame)
             complete = strip_cursor(complete)
         if not complete:
             return
@@ -251,7 +251,7 @@ class Printer:
             # `pending` holds no line end, except perhaps one last '\\r' (see feed)
             rest = stream.pending.removesuffix(b"\r")
             if rest or not stream.pending.endswith(b"\r"):
-                last, stream.last_frame = drop_repeated_frames(rest + b"\n", stream.last_frame)
+                last = stream.redraws.filter(rest + b"\n") if stream.redraws.cur is not None else rest + b"\n"
                 last = strip_cursor(last)  # (rich's last `ESC[?25h` alone: nothing to show)
                 if last:
                     self._emit(stream, (CONT_START if stream.continued else b"") + last)

@@ -243,12 +243,13 @@ class Supervisor:
                         self._stop_leftovers()
                 if not self._orphans.live:
                     break
-                if self._shutdown.killed:
-                    give_up_at = give_up_at or time.monotonic() + LEFTOVER_WAIT_S
-                    if time.monotonic() >= give_up_at:
-                        pids = ", ".join(str(p) for p in sorted(self._orphans.live))
-                        self.message(f"leftover process(es) {pids} did not die after SIGKILL; giving up on them")
-                        break
+            if self._shutdown.killed:  # what outlives SIGKILL (D state: a rank stuck in the GPU driver) is given up
+                give_up_at = give_up_at or time.monotonic() + LEFTOVER_WAIT_S
+                if time.monotonic() >= give_up_at:
+                    left = [f"{w.name} (pid {w.pid})" for w in self.workers.values() if w.alive]
+                    pids = ", ".join(left + [str(p) for p in sorted(self._orphans.live)])
+                    self.message(f"process(es) {pids} did not die after SIGKILL; giving up on them")
+                    break
             self._round(self._next_timeout(give_up_at))
 
     def _round(self, timeout: float | None) -> None:

@@ -52,11 +52,19 @@ def save_signal_from_env() -> int:
     return int(signal.SIGUSR1)
 
 
+def _save_signal_set() -> bool:
+    return (os.environ.get("PODGUARD_SAVE_SIGNAL") or "").strip().upper() not in ("", "NONE", "OFF")
+
+
 class SaveRequest:
+    """Armed when a signal is given or podguard runs the job with `--save-signal` (PODGUARD_SAVE_SIGNAL); unarmed it
+    installs no handler and `take()` costs nothing: no collective, no device sync in a job nobody asks to save."""
+
     def __init__(self, signum: int | None = None) -> None:
+        self.armed = signum is not None or _save_signal_set()
         self.signum = save_signal_from_env() if signum is None else int(signum)
         self._flag = False
-        if threading.current_thread() is threading.main_thread():
+        if self.armed and threading.current_thread() is threading.main_thread():
             signal.signal(self.signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -65,6 +73,8 @@ class SaveRequest:
     def take(self, device: Any = None) -> bool:
         """Whether any rank was asked to save since the last call (every rank gets the same answer). `device`: where
         the all-reduce's tensor lives (the rank's CUDA device under NCCL, its default when None)."""
+        if not self.armed:
+            return False
         flag, self._flag = self._flag, False
         try:
             import torch.distributed as dist

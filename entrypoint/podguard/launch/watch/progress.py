@@ -70,7 +70,7 @@ class ProgressWatch:
         self.last_what = "none since launch"
         self.rank_last: dict[int, tuple[float, int | None, int]] = {}  # slot -> (time of its newest beat, step, pid)
         self.labels: dict[int, int] = {}  # slot -> the rank a person is told (global where known)
-        self._counts: dict[int, int] = {}
+        self._seen: dict[int, tuple[int, int]] = {}  # slot -> (count, pid) of its newest beat read
         self.matched = False  # a --progress line matched (or, without a pattern: nothing to match)
         self.beating = False  # some rank sent a heartbeat
         self.seen = False  # anything counted as progress at all (a line or a heartbeat)
@@ -112,9 +112,9 @@ class ProgressWatch:
         """Take the newest heartbeats; returns the slots that moved since the last call."""
         moved = []
         for slot, beat in board.items():
-            if beat.count == self._counts.get(slot):
-                continue
-            self._counts[slot] = beat.count
+            if (beat.count, beat.pid) == self._seen.get(slot):
+                continue  # (a rank that torchrun's --max-restarts brought back counts from 1 again: a new pid)
+            self._seen[slot] = (beat.count, beat.pid)
             at = min(beat.at, now)  # a beat cannot be in the future (clock read before the write)
             self.rank_last[slot] = (at, beat.step, beat.pid)
             self.labels[slot] = beat.label
@@ -160,7 +160,7 @@ class ProgressWatch:
         if all(step is not None for step in steps.values()):
             key: dict[int, int] = {slot: step for slot, step in steps.items() if step is not None}
         else:
-            key = {slot: self._counts.get(slot, 0) for slot in self.rank_last}
+            key = {slot: self._seen.get(slot, (0, 0))[0] for slot in self.rank_last}
         low = min(key.values())
         if low == max(key.values()):
             return ()

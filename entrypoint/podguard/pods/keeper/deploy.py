@@ -28,7 +28,7 @@ from podguard.errors import PodguardError, UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.auth import ENV_BASE_URL
-from podguard.pods.keeper.record import KeepState, KeepStore
+from podguard.pods.keeper.record import KeepState, KeepStore, live_keepers
 from podguard.pods.model import CpuInfo, Pod, PodAction
 from podguard.pods.placement import pods_named
 from podguard.pods.spec import PodSpec
@@ -151,6 +151,12 @@ def _local_keeper(name: str) -> int | None:
         return None
 
 
+def _local_keepers(name: str) -> set[int]:
+    """Every live keeper of `name` on this machine: this state dir's, and those of any other (record.py)."""
+    pid = _local_keeper(name)
+    return live_keepers(name) | ({pid} if pid else set())
+
+
 def end_keepers(
     api: PodApi, name: str, say: Callable[[str], None], *, outcome: str = "down", wait_s: float = 30.0
 ) -> bool:
@@ -159,17 +165,16 @@ def end_keepers(
     would make it later). The local state is marked done (`outcome`), so that nothing brings NAME back. True when
     a keeper was ended."""
     ended = False
-    pid = _local_keeper(name)
-    if pid:
+    for pid in sorted(_local_keepers(name)):  # this state dir's, and those started with another one
         try:
             os.kill(pid, signal.SIGTERM)
             say(f"ending the keeper of {name} on this machine (pid {pid}) first")
             ended = True
         except ProcessLookupError:
-            pid = None
-        deadline = time.monotonic() + wait_s
-        while pid and _local_keeper(name) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            continue
+    deadline = time.monotonic() + wait_s
+    while ended and _local_keepers(name) and time.monotonic() < deadline:  # a create in flight: its answer first
+        time.sleep(0.05)
     keeper_pods = pods_named(api, keeper_name(name))
     for pod in keeper_pods:
         say(f"ending the keeper pod {pod.name} ({pod.id}) first")

@@ -7,12 +7,15 @@
 
 A keeper killed and started again picks up from the state file: the pod or cluster it keeps, the recoveries
 so far, and per node the start it follows and the last log event it read (the stream resumes after it with
-`Last-Event-ID`). The lock makes one keeper per name on this machine (a killed keeper's lock goes with it).
+`Last-Event-ID`). The lock makes one keeper per name in a state dir (a killed keeper's lock goes with it); each
+live keeper also holds a lock of its own in keepers_dir() (under HOME, whatever PODGUARD_STATE_DIR says), so that
+`pod down NAME` finds every keeper of NAME on this machine, also one started with another state dir.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -26,7 +29,7 @@ from podguard.locks import NoFlock, open_lock, try_flock
 from podguard.redact import redact_text
 from podguard.state import state_dir, subdir, write_private
 
-__all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "safe_name"]
+__all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "keepers_dir", "live_keepers", "safe_name"]
 
 STATE_VERSION = 1
 
@@ -43,6 +46,48 @@ def safe_name(name: str) -> str:
 
         cleaned += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
     return cleaned[:200]
+
+
+def keepers_dir() -> Path:
+    """Where every keeper on this machine holds a lock named `<name>.<pid>.lock` while it lives."""
+    return Path.home() / ".cache" / "podguard" / "keepers"
+
+
+def live_keepers(name: str) -> set[int]:
+    """The pids of the live keepers of `name` on this machine, whatever their state dir (best effort)."""
+    prefix = safe_name(name) + "."
+    pids: set[int] = set()
+    with contextlib.suppress(OSError):
+        for path in keepers_dir().glob(f"{glob.escape(prefix)}*.lock"):
+            pid = path.name[len(prefix) : -len(".lock")]
+            if pid.isdigit() and _held(path):
+                pids.add(int(pid))
+            elif pid.isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)  # a keeper killed by SIGKILL left its mark
+    return pids
+
+
+def _held(path: Path) -> bool:
+    try:
+        fd = open_lock(path)
+    except OSError:
+        return False
+    try:
+        return not try_flock(fd)
+    except NoFlock:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -96,6 +141,7 @@ class KeepStore:
         self.events_path = base.with_name(base.name + ".events.jsonl")
         self.lock_path = base.with_name(base.name + ".lock")
         self._lock_fd: int | None = None
+        self._mark: tuple[int, Path] | None = None  # this keeper's lock in keepers_dir()
 
     @classmethod
     def open(cls, name: str) -> KeepStore:
@@ -144,12 +190,31 @@ class KeepStore:
             os.close(fd)
             return False
         self._lock_fd = fd
+        self._register()
         return True
+
+    def _register(self) -> None:
+        """Best effort: hold `<keepers_dir>/<name>.<pid>.lock` while this keeper lives (`pod down` finds it)."""
+        with contextlib.suppress(OSError, NoFlock):
+            folder = keepers_dir()
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = folder / f"{safe_name(self.name)}.{os.getpid()}.lock"
+            fd = open_lock(path)
+            if try_flock(fd):
+                self._mark = (fd, path)
+            else:
+                os.close(fd)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._mark is not None:
+            fd, path = self._mark
+            self._mark = None
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            os.close(fd)
 
     def holder(self) -> int | None:
         """The pid of a live keeper of this name on this machine, else None."""
