@@ -10,10 +10,14 @@ calls it hung):
 * `dots`: one `.` per step, never a line end.
 * `eval-heartbeats`: a long evaluation that prints nothing and calls `podguard.rank.heartbeat()`.
 * `lightning-rich`: Lightning's default bar (RichProgressBar: rich is installed), one CPU device.
+* `rich-progress-pattern`: `rich.console.Console().print(f"step {i}")` under `--progress '^step \\d+'` (rich colours
+  each number under podguard's TTY_COMPATIBLE: the watch must match the plain text).
 * `multinode-rank0-only`: two nodes on loopback (torchrun mode, 2 ranks each), only global rank 0 prints.
 
 Two controls show the watch is live (they must be hung: the old behaviour, restored by its switch):
-`native-c, no line buffering` (PODGUARD_LINE_BUFFERING=0) and `lightning-rich, no TTY_*` (TTY_COMPATIBLE=0).
+`native-c, no line buffering` (PODGUARD_LINE_BUFFERING=0) and `lightning-rich, no TTY_*` (TTY_COMPATIBLE=0); and
+one real hang that must be found: `rich-track stalled`, a `track()` loop stuck in a step while rich's refresh
+thread redraws the same bar 10 times a second.
 
     python bench/bench_false_hangs.py              # every job twice, ~4 min on 2 busy cores
     python bench/bench_false_hangs.py --repeat 1 --only native-c,dots
@@ -81,6 +85,20 @@ print("evaluating", flush=True)
 for i in range(16):
     time.sleep(0.5)
     heartbeat(i)
+"""
+RICH_STEPS = """
+import time
+from rich.console import Console
+console = Console()
+for i in range(16):
+    console.print(f"step {i} loss 0.5")
+    time.sleep(0.5)
+"""
+RICH_STALL = """
+import time
+from rich.progress import track
+for i in track(range(10), description="train"):
+    time.sleep(0.2 if i < 3 else 60)
 """
 MULTINODE_RANK0 = """
 import datetime, os, threading, time
@@ -197,6 +215,9 @@ def jobs() -> list[Job]:
         out.append(Job("lightning-rich", _run("run", "--hang-timeout", "6", *lightning)))
         control = _run("run", "--hang-timeout", "6", *lightning, TTY_COMPATIBLE="0")
         out.append(Job("lightning-rich, no TTY_* (control)", control, expect_hung=True))
+    if have["rich"]:
+        out.append(Job("rich-progress-pattern", _run(*run3, "--progress", r"^step \d+", script=RICH_STEPS)))
+        out.append(Job("rich-track stalled (control)", _run(*run3, script=RICH_STALL), expect_hung=True))
     return out
 
 

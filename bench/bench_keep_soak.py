@@ -277,12 +277,20 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
 
 
 def _settled(api: StandIn, state: Path, since: float) -> str | None:
-    """The id of the pod the keeper keeps once it runs with its job (a PASS after `since`), else None."""
+    """The id of the pod the keeper keeps once it runs with its job (a PASS on it, the state fresh), else None."""
     try:
         target = json.loads((state / "keep" / f"{NAME}.json").read_text()).get("target_id")
     except (OSError, ValueError):
         return None
-    passed = any(e["event"] == "verdict" and "PASS" in e["text"] and e.get("t", 0) >= since for e in _events(state))
+    # its job runs: a PASS on that pod (a keeper started again after the PASS resumes its stream past it, so the
+    # PASS may be older than `since`), and a keeper process that wrote its state after `since`
+    try:
+        fresh = (state / "keep" / f"{NAME}.json").stat().st_mtime >= since
+    except OSError:
+        fresh = False
+    passed = fresh and any(
+        e["event"] == "verdict" and "PASS" in e["text"] and e.get("target") == target for e in _events(state)
+    )
     live = {p.id: p for p in _live(api)}
     if not passed or target not in live or live[target].status != "RUNNING":
         # a pod kept before the faults stopped may need a nudge: a healthy job prints, a stopped pod is started

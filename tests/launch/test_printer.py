@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from podguard.launch.errorlines import FirstError
 from podguard.launch.lines import HIDDEN
 from podguard.launch.printer import CONT_END, CONT_START, LINE_CAP, Printer
 from podguard.launch.run import run_job
@@ -373,3 +374,25 @@ def test_a_redraw_that_repeats_the_last_one_is_not_a_line(tmp_path: Path):
     p.finish()
     assert seen == ["ep 0 3/9", "loss 1", "ep 0 3/9", "loss 1", "loaded", "ep 0 3/9", "loss 1"]
     assert out.getvalue().decode().splitlines() == seen
+
+
+def _traceback(error: str) -> bytes:
+    return f'Traceback (most recent call last):\n  File "train.py", line 9, in step\n{error}\n'.encode()
+
+
+def test_a_traceback_the_job_outlived_is_not_its_root_cause():
+    """A handled error printed with its traceback (a retried download), then a minute of training: the crash an
+    hour later is the first error, not the retry (was: the retry's traceback led the failure summary)."""
+    first = FirstError()
+    first.feed(_traceback("ConnectionError: hub.example: timed out"))
+    for second in range(0, 70, 5):  # training output for 70 s after it
+        first.went_on(1000.0 + second)
+    first.feed(b"step 900 loss 0.4\n" + _traceback("torch.OutOfMemoryError: CUDA out of memory"))
+    assert first.lines[-1] == "torch.OutOfMemoryError: CUDA out of memory"
+    # ranks failing one after the other (seconds), or stuck ranks timing out later (silence, then a burst): kept
+    cascade = FirstError()
+    cascade.feed(_traceback("ValueError: rank 0: loss is NaN"))
+    for now in (5.0, 6.0, 605.0, 606.0):
+        cascade.went_on(now)
+    cascade.feed(_traceback("RuntimeError: Connection closed by peer"))
+    assert cascade.lines[-1] == "ValueError: rank 0: loss is NaN"

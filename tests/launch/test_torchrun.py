@@ -516,3 +516,27 @@ def test_torchrun_rank1_exit3_without_record_plain_torchrun(tmp_path):
     # the summary cut off the tail: nothing is invented
     cut = JobOutcome(1, (WorkerExit("torchrun", 1, 1, None, tail=("hello",)),), WorkerExit("torchrun", 1, 1, None))
     assert explain_torchrun_failure(cut, err).exit_code == 1
+
+
+def test_a_hidden_ranks_long_line_is_still_written_in_atomic_pieces(tmp_path):
+    """`--only-gpu` marks a hidden rank's lines with HIDDEN (19 bytes): the piece size left it out, so a long line's
+    writes were PIPE_BUF + 19 bytes, no longer atomic, and could interleave with other ranks' lines mid-line."""
+    import select
+    import socket
+    from collections import deque
+
+    from podguard.launch.lines import HIDDEN
+    from podguard.rank.wrap import PIPE_BUF, LineStream, RankLog
+
+    log = RankLog(None, warn=lambda text: None)
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per write()
+    with reader, writer:
+        stream = LineStream(writer.fileno(), b"rank1:", False, log, deque(maxlen=5))
+        stream.feed(b"y" * 3 * PIPE_BUF + b"\n", final=True)
+        writes = []
+        while select.select([reader], [], [], 0.2)[0]:
+            writes.append(reader.recv(1 << 20))
+    assert writes and all(len(data) <= PIPE_BUF for data in writes), [len(data) for data in writes]
+    pieces = b"".join(writes).splitlines()
+    assert all(piece.startswith(HIDDEN + b"rank1:") for piece in pieces)
+    assert b"".join(piece.removeprefix(HIDDEN + b"rank1:") for piece in pieces) == b"y" * 3 * PIPE_BUF

@@ -3,12 +3,17 @@
     first = FirstError()
     first.feed(b"Traceback (most recent call last):\\n  File \\"x.py\\", line 1\\nValueError: boom\\n")
     first.lines    # ('Traceback (most recent call last):', '  File "x.py", line 1', 'ValueError: boom')
+    first.went_on(time.monotonic())   # output after it: a traceback the job outlived a minute is forgotten
     SignalTraceback().feed(lines)   # the terminal's lines, with torchrun's ~25-line SignalException as one line
 
 Where a framework starts the ranks itself (single mode), every rank writes into the one pipe: when one rank
 raises, the others fail a moment later (`Connection closed by peer`), and their lines are the last ones. The
 root cause is the first error by time, which is the first traceback in the stream. A traceback's lines are
-told apart from interleaved lines of other ranks by the prefix its first line had (`rank1: `), if any.
+told apart from interleaved lines of other ranks by the prefix its first line had (`rank1: `), if any. A
+traceback the job outlived is no root cause (`logging.exception` in a retry loop, a hub download retried): once
+output went on arriving in more than SURVIVED_SPANS distinct SPAN_S-second spans after it (a minute of a job that
+kept working; ranks failing one after the other all print within seconds, and ranks left stuck in a collective
+print nothing until their timeout), it is forgotten and the next traceback is the candidate.
 
 When the job is stopped (podguard's SIGTERM after a hang verdict, a `docker stop`), torchrun's agent prints the
 traceback of the SignalException it raises to unwind: ~25 lines after podguard's own verdict that say nothing
@@ -27,17 +32,34 @@ _SIGNAL_END = re.compile(rb"^\S*SignalException: Process \d+ got signal: (\d+)")
 MAX_HELD = 400  # lines a held traceback may have before it is shown as is
 MAX_LINES = 200  # a traceback that never ends (or is huge) is given up after this many lines
 KEEP_FRAMES = 8  # frame lines kept before the exception line (the innermost ones)
+SPAN_S = 10.0  # output after the first traceback is counted in spans of this many seconds
+SURVIVED_SPANS = 6  # output in more spans than this after it: the job outlived that traceback
 
 
 class FirstError:
     """Watches complete lines until the first traceback has ended; then `lines` holds it (shortened)."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.lines: tuple[str, ...] = ()
         self.done = False
         self._prefix: str | None = None  # set while inside the first traceback
         self._body: list[str] = []
         self._seen = 0
+        self._span = -1  # the last span in which output came after the traceback ended
+        self._spans = 0  # how many distinct spans had output after it
+
+    def went_on(self, now: float) -> None:
+        """Output arrived at `now` (monotonic seconds) after the first traceback: forget a traceback the job
+        outlived (module docstring)."""
+        span = int(now // SPAN_S)
+        if span != self._span:
+            self._span = span
+            self._spans += 1
+            if self._spans > SURVIVED_SPANS:
+                self._reset()
 
     @property
     def inside(self) -> bool:

@@ -306,6 +306,8 @@ class Printer:
             return
         if traceback or stream.first_error.inside:
             stream.first_error.feed(lines)
+        elif stream.first_error.done:
+            stream.first_error.went_on(time.monotonic())
         if stream.log is not None:
             self._log_out.append((stream.log, lines))
         if len(lines) >= TAIL_BYTES:

@@ -140,7 +140,7 @@ class LineStream:
         self.partial = b""
         self.after_cr = False
         self.dst_ok = True
-        self.room = max(64, PIPE_BUF - len(prefix) - 1)  # payload bytes per atomic write
+        self.room = max(64, PIPE_BUF - len(self.prefix) - 1)  # payload bytes per atomic write (marker included)
 
     def feed(self, data: bytes, final: bool = False) -> None:
         """Emit the complete lines in `data` (and, when `final`, the rest); a line longer than one atomic
