@@ -208,6 +208,7 @@ def test_lines_marked_hidden_skip_the_terminal_but_reach_the_log_and_the_watcher
 
 def test_cursor_moves_are_dropped_once_redraws_are_lines_and_colours_stay():
     p, out = _printer()
+    p._colour = True  # colours stay on a person's terminal (a tty: here a BytesIO standing in for one)
     s = p.add("job", None)
     # tqdm's nested bars go up with ESC[A; rich erases with ESC[2K and hides the cursor
     _feed_all(p, s, [b"\r 10%\r 20%\x1b[A\n", b"\x1b[?25l\r\x1b[2K\x1b[1A\x1b[2K\x1b[32mok\x1b[0m\n", b"\x1b[A\n"])
@@ -349,6 +350,7 @@ def test_the_root_cause_of_ranks_sharing_one_pipe_is_the_first_error_by_time():
 def test_the_log_file_watchers_and_tail_get_plain_text_while_the_terminal_keeps_colours(tmp_path: Path):
     """rich under TTY_COMPATIBLE colours numbers and links its log lines (OSC 8); a hidden rank's line too."""
     p, out = _printer()
+    p._colour = True  # a person's terminal (a tty: here a BytesIO standing in for one)
     s = p.add("job", None, log_path=tmp_path / "job.log")
     seen: list[str] = []
     p.watch_all(lambda name, line: seen.append(line))
@@ -396,3 +398,13 @@ def test_a_traceback_the_job_outlived_is_not_its_root_cause():
         cascade.went_on(now)
     cascade.feed(_traceback("RuntimeError: Connection closed by peer"))
     assert cascade.lines[-1] == "ValueError: rank 0: loss is NaN"
+
+
+def test_a_terminal_that_is_a_pipe_gets_plain_text(tmp_path: Path):
+    """Container logs (RunPod's log view, `docker logs`) are podguard's stdout on a pipe: no escape codes there."""
+    p, out = _printer()
+    s = p.add("job", None, log_path=tmp_path / "job.log")
+    _feed_all(p, s, [b"step \x1b[1;36m5\x1b[0m\n", HIDDEN + b"rank1: \x1b[31mboom\x1b[0m\n"])
+    p.finish()
+    assert out.getvalue() == b"step 5\n"
+    assert (tmp_path / "job.log").read_bytes() == b"step 5\nrank1: boom\n"

@@ -255,6 +255,22 @@ def test_a_pod_that_never_starts_is_replaced_after_the_ready_timeout(standin, tm
     assert len(creates(standin)) == 2
 
 
+def test_a_keeper_started_again_still_knows_the_pod_ran_and_replaces_its_lost_host(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    pod = live_pod(world)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    world.lose_host(pod.id)  # while no keeper watched: RUNNING, no runtime, silent
+    again = keep(spec)  # the spec's [ready] timeout_s is 30 min: only the (1 s) silence rule can see the lost host
+    (recovery,) = wait_event(tmp_path, "recovery", timeout=15)
+    assert "its host is lost" in recovery["text"], recovery["text"]
+    passes(tmp_path, 2)
+    say_end(world, live_pod(world), "success", 0)
+    assert finish(again)[0] == 0
+
+
 def test_a_start_whose_answer_is_lost_is_not_taken_for_a_lost_host(standin, spec, tmp_path):  # noqa: F811
     world = standin.world
     proc = keep(spec, "--retry-for", "0.2")

@@ -90,6 +90,7 @@ class Printer:
         on_drained: Callable[[], None] | None = None,
     ) -> None:
         self._term = TerminalSink(out, background=background, on_drained=on_drained)
+        self._colour = self._term.isatty()  # rich's colours (TTY_COMPATIBLE) only where a person watches
         self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None
         self._on_line = on_line
@@ -294,11 +295,13 @@ class Printer:
 
     def _emit(self, stream: Stream, lines: bytes) -> None:
         """`lines`: one or more complete lines, each ending in b'\\n'."""
-        shown = lines  # the terminal keeps colours; the log file, the watchers and the tail get plain text
+        shown = lines  # a terminal keeps colours; the log file, the watchers, the tail and a pipe get plain text
         if b"\x1b" in lines:
             if HIDDEN in lines:
                 shown, lines = split_hidden(lines)
             lines = strip_escapes(lines)
+            if not self._colour:  # container logs (RunPod's log view, `docker logs`): no escape codes
+                shown = strip_escapes(shown)
         traceback = HEADER in lines  # one scan for both watchers of tracebacks
         if stream.visible and shown and not stream.raw:
             self._show(stream, stream.condense.feed(shown) if traceback or stream.condense.held else shown)

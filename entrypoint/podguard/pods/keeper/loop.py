@@ -132,7 +132,14 @@ class Keeper(Recovering):
     def _restore_view(self) -> None:
         for rank, streak in self.state.streaks.items():
             self.view.node(int(rank)).streak = streak
+        for rank, target in self.state.ran.items():  # seen running before this keeper was started again
+            self.view.node(int(rank)).ran = bool(target) and target == self.state.target_id
         self.view.primary = 0
+
+    def _remember_view(self) -> None:
+        """What the view knows that a keeper started again needs: the preflight streaks, which nodes ran."""
+        self.state.streaks = {str(r): n.streak for r, n in self.view.nodes.items()}
+        self.state.ran = {str(r): self.target.target_id for r, n in self.view.nodes.items() if n.ran}
 
     def _remember_target(self) -> None:
         self.state.target_id = self.target.target_id
@@ -195,6 +202,7 @@ class Keeper(Recovering):
             if node.status is PodStatus.RUNNING and node.has_runtime:
                 self.view.node(rank).ran = True
         self._show(observed)
+        self._remember_view()
         self.store.save(self.state)
         decision = self._decide()
         if decision.settle and decision.act is not Act.WAIT:
@@ -247,7 +255,7 @@ class Keeper(Recovering):
         if cue.kind in (CueKind.END, CueKind.RESTART):
             self.checkpoint = newest_checkpoint(cue.line) or self.checkpoint
         text = self.view.take(rank, cue)
-        self.state.streaks = {str(r): n.streak for r, n in self.view.nodes.items()}
+        self._remember_view()
         if text is not None:
             where = f"node{rank}: " if self.target.kind == "cluster" else ""
             fields: dict[str, object] = {"line": cue.line, "rank": rank, "target": self.target.target_id}

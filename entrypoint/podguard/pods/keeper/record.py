@@ -110,6 +110,7 @@ class KeepState:
     code: int | None = None
     why: str = ""  # while ending: what ended it, in words (the end message, once the stop is confirmed)
     streaks: dict[str, int] = field(default_factory=dict)  # rank -> preflight verdicts other than PASS in a row
+    ran: dict[str, str] = field(default_factory=dict)  # rank -> the target seen running its container (this start)
     nodes: dict[str, NodeMark] = field(default_factory=dict)  # rank -> where its log was read up to
     data_center: str = ""  # where the kept pod (cluster) last ran: a network volume pins its replacement there
     pid: int = 0  # the keeper process (a live one holds the lock)

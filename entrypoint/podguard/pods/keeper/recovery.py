@@ -181,6 +181,7 @@ class Recovering(Ending):
 
     def _after_recovery(self) -> None:
         self.quiet_since = {}
+        self.state.ran = {}  # a new start: not seen running its container yet
         self.observed = Observed(PodStatus.PROVISIONING, cluster=self.target.kind == "cluster")
         self._fast_until = self._booting_since = time.monotonic()
         self._fast_until += FAST_WINDOW_S
