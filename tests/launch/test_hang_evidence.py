@@ -28,17 +28,14 @@ import pytest
 from loopback import free_port
 from podguard.launch.watch import flight, stacks
 from podguard.launch.watch.flight import flight_recorder_env, trigger_flight_dump
+from podguard.launch.watch.stack_model import Frame, RankStacks, ThreadStack, is_user_file
 from podguard.launch.watch.stacks import (
-    Frame,
-    RankStacks,
     StackTarget,
-    ThreadStack,
     allow_tracing_by,
     capture_stacks,
     find_py_spy,
     find_rank_processes,
     hang_summary,
-    is_user_file,
 )
 from podguard.procfs import children_of, read_stat
 

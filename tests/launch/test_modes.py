@@ -12,17 +12,8 @@ import pytest
 
 from podguard.errors import UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
-from podguard.launch.modes import (
-    _stdbuf_lib,
-    job_env,
-    line_buffering_env,
-    only_for_gpu,
-    per_gpu_specs,
-    pick_mode,
-    progress_bar_env,
-    single_spec,
-    validate_mode,
-)
+from podguard.launch.job_env import _stdbuf_lib, job_env, line_buffering_env, progress_bar_env
+from podguard.launch.modes import only_for_gpu, per_gpu_specs, pick_mode, single_spec, validate_mode
 from podguard.launch.run import run_job
 
 PY = sys.executable

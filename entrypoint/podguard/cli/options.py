@@ -7,11 +7,10 @@ parser, help. A field of the record (with its default) plus a `Param` here is a 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from podguard.cli import option_values as values
 from podguard.cli.params import Group, Param, choice, count, parse_int, ratio, seconds, whole, words
 from podguard.durations import DURATION_HELP, parse_duration, parse_usd
-from podguard.errors import UsageError
 from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
 from podguard.preflight.options import DegradedPolicy, OnFewer, PreflightOptions, ProbeMode
 
@@ -186,7 +185,7 @@ LAUNCH = Group(
         "only_gpu": Param(
             ("--only-gpu",),
             "Show only this GPU's (or rank's) lines on the terminal; every line still goes to the log files.",
-            parse=lambda raw: None if raw in (None, "") else _gpu_index(raw),
+            parse=lambda raw: None if raw in (None, "") else values.gpu_index(raw),
             metavar="GPU",
             panel=LAUNCH_PANEL,
         ),
@@ -264,7 +263,7 @@ LAUNCH = Group(
             ("--master-port",),
             "Rendezvous port (default: a free port distinct from other podguard runs).",
             ("PODGUARD_MASTER_PORT", "PRIMARY_PORT", "MASTER_PORT"),
-            parse=lambda raw: None if raw in (None, "") else _port(raw),
+            parse=lambda raw: None if raw in (None, "") else values.port(raw),
             panel=LAUNCH_PANEL,
         ),
         "max_restarts": Param(
@@ -280,7 +279,7 @@ LAUNCH = Group(
             "torchrun rendezvous: auto (static when NODE_RANK is known, so NODE_RANK=0 holds rank 0), static, "
             "c10d (elastic; ranks by arrival order).",
             type=str,
-            parse=lambda raw: _rdzv_backend(raw),
+            parse=lambda raw: values.rdzv_backend(raw),
             metavar="auto|static|c10d",
             panel=LAUNCH_PANEL,
         ),
@@ -321,7 +320,7 @@ LAUNCH = Group(
         "progress": Param(
             ("--progress",),
             "What counts as progress: a job output line matching this regular expression (default: any line).",
-            parse=lambda raw: _regex(raw, "--progress"),
+            parse=lambda raw: values.regex(raw, "--progress"),
             metavar="REGEX",
             panel=RUN_PANEL,
         ),
@@ -347,7 +346,7 @@ LAUNCH = Group(
             ("--save-signal",),
             "The signal that asks the job to save now (e.g. USR1): sent to every worker before a billing guard ends "
             "the job, then podguard waits up to --save-grace for a new whole checkpoint (needs --checkpoints).",
-            parse=lambda raw: _save_signal(raw),
+            parse=lambda raw: values.save_signal(raw),
             metavar="SIG",
             panel=RUN_PANEL,
         ),
@@ -356,7 +355,7 @@ LAUNCH = Group(
             "How long podguard waits for that save before it ends the job (e.g. 90s, 2m, or plain seconds; > 0; "
             "default 2m).",
             type=str,
-            parse=lambda raw: _save_grace(raw),
+            parse=lambda raw: values.save_grace(raw),
             metavar="DURATION",
             panel=RUN_PANEL,
         ),
@@ -366,7 +365,7 @@ LAUNCH = Group(
             "giving up (exit 75, naming the nodes that did not report).",
             ("PODGUARD_CLUSTER_TIMEOUT",),
             type=str,
-            parse=lambda raw: _positive_seconds(raw, "--cluster-timeout"),
+            parse=lambda raw: values.positive_seconds(raw, "--cluster-timeout"),
             metavar="SECONDS",
             panel=LAUNCH_PANEL,
         ),
@@ -398,67 +397,3 @@ LAUNCH = Group(
         ),
     },
 )
-
-
-def _save_signal(raw: Any) -> int | None:
-    """USR1, SIGUSR1 or 10; none/off/empty: no save request. SIGKILL and SIGSTOP cannot be caught: refused."""
-    import signal
-
-    text = "" if raw is None else str(raw).strip().upper()
-    if text in ("", "NONE", "OFF"):
-        return None
-    try:
-        name = text if text.startswith("SIG") else f"SIG{text}"
-        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[name]
-    except (KeyError, ValueError):
-        sig = None
-    if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP):
-        raise UsageError(f"--save-signal={raw!r} is not valid; expected a signal the job can catch, e.g. USR1 or USR2")
-    return int(sig)
-
-
-def _save_grace(raw: Any) -> float:
-    value = parse_duration(raw, "--save-grace")
-    if value is None:
-        raise UsageError(f"--save-grace={raw!r} is not valid; expected a duration > 0, e.g. 90s or 2m")
-    return value
-
-
-def _regex(raw: Any, name: str) -> str | None:
-    """A regular expression that compiles (kept as text; the watch compiles it), or None when empty."""
-    import re
-
-    if raw is None or str(raw) == "":
-        return None
-    try:
-        re.compile(str(raw))
-    except re.error as exc:
-        raise UsageError(f"{name}={raw!r} is not a valid regular expression: {exc}") from None
-    return str(raw)
-
-
-def _positive_seconds(raw: Any, name: str) -> float:
-    value = seconds(name)(raw)
-    if value <= 0:
-        raise UsageError(f"{name}={raw} is not valid; expected a number of seconds > 0, e.g. 600")
-    return value
-
-
-def _rdzv_backend(raw: Any) -> str:
-    from podguard.launch.torchrun.rendezvous import RdzvBackend  # lazily: only torchrun mode needs it
-
-    return str(choice(RdzvBackend, "--rdzv-backend")(raw))
-
-
-def _gpu_index(raw: Any) -> int:
-    text = str(raw).strip()
-    if not text.isdigit():
-        raise UsageError(f"--only-gpu={raw!r} is not valid; expected a GPU index such as 2")
-    return int(text)
-
-
-def _port(raw: Any) -> int:
-    return parse_int(raw, "MASTER_PORT", 1, 65535)
-
-
-# --------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from podguard.errors import UsageError
-from podguard.launch.modes import line_buffering_env, progress_bar_env
+from podguard.launch.job_env import line_buffering_env, progress_bar_env
 from podguard.launch.ports import parse_int
 from podguard.launch.prefix import RANK_PREFIX_FIELDS, check_format
 from podguard.launch.spec import WorkerSpec

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from podguard.launch.watch.stacks import Frame, RankStacks
+    from podguard.launch.watch.stack_model import Frame, RankStacks
 
 __all__ = ["BACKWARD_WAIT", "COLLECTIVES", "FRAMEWORK_WAITS", "collective_of", "hang_summary"]
 
