@@ -63,7 +63,7 @@ def _events(state: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
+def wait_until(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
@@ -99,7 +99,7 @@ def recovery_once(event: str, poll: float, work: Path, tag: str) -> tuple[float,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait(lambda: _passes(state, tag), 120, "the first PASS")
+        wait_until(lambda: _passes(state, tag), 120, "the first PASS")
         time.sleep(poll * (0.2 + 0.6 * (hash(tag) % 100) / 100))  # the event lands anywhere between two polls
         pod = _live(api.world, tag)
         at = time.time()
@@ -110,7 +110,7 @@ def recovery_once(event: str, poll: float, work: Path, tag: str) -> tuple[float,
         else:
             api.world.set_error(pod.id)
             boot = BOOT.provision_s + BOOT.start_s + BOOT.verdict_delay_s
-        second = _wait(lambda: _passes(state, tag)[1:], 300, "the recovered pod's PASS")[0]
+        second = wait_until(lambda: _passes(state, tag)[1:], 300, "the recovered pod's PASS")[0]
         _live(api.world, tag)  # exactly one pod of the name
         return second["t"] - at, boot
     finally:
@@ -146,7 +146,7 @@ def requests_while_healthy(nodes: int, poll: float, window_s: float, work: Path)
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait(lambda: len(_passes(state, tag)) >= nodes, 120, "every node's PASS")
+        wait_until(lambda: len(_passes(state, tag)) >= nodes, 120, "every node's PASS")
         with api.world.lock:
             pods = [p.id for p in api.world.pods.values() if p.status == "RUNNING"]
 

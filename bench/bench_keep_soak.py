@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import PODGUARD, ROOT, compile_bytecode
+from bench_keep import wait_until
 
 sys.path.insert(0, str(ROOT / "tests" / "pods"))
 from standin_api import StandIn
@@ -178,7 +179,9 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
     try:
         keeper.start()
         watch.start()
-        _wait(lambda: any(e["event"] == "verdict" and "PASS" in e["text"] for e in _events(state)), 60, "first PASS")
+        wait_until(
+            lambda: any(e["event"] == "verdict" and "PASS" in e["text"] for e in _events(state)), 60, "first PASS"
+        )
         second_until = 0.0
         while sum(done.values()) < events and time.monotonic() - started < max_s:
             time.sleep(rng.uniform(0.15, 0.6))
@@ -244,7 +247,7 @@ def soak(seed: int, events: int, max_s: float, twin_s: float, work: Path) -> dic
         api.world.gpus_on_start = None
         keeper.check()
         mark = time.time()
-        target = _wait(lambda: _settled(api, state, mark), 120, "the keeper's pod running its job again")
+        target = wait_until(lambda: _settled(api, state, mark), 120, "the keeper's pod running its job again")
         api.world.emit(target, "podguard train: END success exit 0 after 1 attempt(s): job finished")
         deadline = time.monotonic() + 60
         while keeper.proc is not None and keeper.proc.poll() is None and time.monotonic() < deadline:
@@ -303,16 +306,6 @@ def _quiet(action: Callable[..., object], *args: object) -> None:
         action(*args)
     except Exception:  # the pod changed under the driver (terminated meanwhile): nothing to do
         return
-
-
-def _wait(check, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def main() -> int:

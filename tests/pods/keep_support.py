@@ -30,6 +30,22 @@ KEEP_FAST = {
     "PODGUARD_KEEP_CAPACITY_WAIT_CAP_S": "0.6",
 }
 POLL = "0.1"
+CLUSTER_SPEC = """
+    name = "ring"
+    image = "registry.example/me/podguard:0.2"
+    args = "train --mode torchrun -- python train.py"
+
+    [gpu]
+    types = ["NVIDIA A40"]
+    count = 2
+
+    [cluster]
+    nodes = 2
+
+    [network_volume]
+    id = "vol-9"
+    path = "/workspace"
+"""  # a 2-node Instant Cluster with a network volume
 
 
 def keep(spec: Path, *args: str, env: dict[str, str] | None = None, poll: str = POLL) -> subprocess.Popen[str]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from keep_support import (
+    CLUSTER_SPEC,
     assert_no_key,
     events,
     finish,
@@ -344,24 +345,6 @@ def test_a_second_keeper_of_the_same_name_is_refused(standin, spec, tmp_path):  
 
 
 # -- clusters ----------------------------------------------------------------------------------------------------
-CLUSTER_SPEC = """
-    name = "ring"
-    image = "registry.example/me/podguard:0.2"
-    args = "train --mode torchrun -- python train.py"
-
-    [gpu]
-    types = ["NVIDIA A40"]
-    count = 2
-
-    [cluster]
-    nodes = 2
-
-    [network_volume]
-    id = "vol-9"
-    path = "/workspace"
-"""
-
-
 def test_a_cluster_member_lost_recreates_the_whole_cluster(standin, tmp_path):  # noqa: F811
     world = standin.world
     spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from keep_support import (
+    CLUSTER_SPEC,
     events,
     finish,
     inside_keeper,
@@ -138,6 +139,22 @@ def test_a_keeper_started_again_while_another_actor_has_two_pods_of_the_name_kee
     assert live_pods(world) == [other] and len(creates(standin)) == 1
     say_end(world, other, "success", 0)
     assert finish(again)[0] == 0 and other.status == "EXITED"
+
+
+def test_two_replacements_made_by_other_actors_leave_one_pod_the_oldest(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    old = live_pod(world)
+    first = world.create(same_as(old))  # `pod heal --replace` from one machine ...
+    time.sleep(1.1)  # (createdAt has one-second steps in RunPod's examples)
+    second = world.create(same_as(old))  # ... and from another, at about the same time
+    world.set_error(old.id)
+    passes(tmp_path, 2)
+    wait_for(lambda: live_pods(world) == [first], what="one pod of the name, the oldest")
+    assert second.status == "TERMINATED" and len(creates(standin)) == 1 and state(tmp_path)["target_id"] == first.id
+    say_end(world, first, "success", 0)
+    assert finish(proc)[0] == 0
 
 
 def test_two_keepers_in_two_state_dirs_and_an_error_leave_one_pod(standin, spec, tmp_path):  # noqa: F811
@@ -271,6 +288,32 @@ def test_a_keeper_started_again_still_knows_the_pod_ran_and_replaces_its_lost_ho
     assert finish(again)[0] == 0
 
 
+def test_a_pod_that_vanishes_just_before_its_start_is_replaced_not_the_end_of_the_keeper(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    pod = live_pod(world)
+    maintenance(world, pod)
+    world.before_action = lambda p: setattr(p, "status", "TERMINATED")  # gone between the poll and the start
+    passes(tmp_path, 2)  # the next poll sees it gone: a replacement, not an exit (66) with nothing watching
+    (new,) = live_pods(world)
+    assert new.id != pod.id and len(creates(standin)) == 2
+    say_end(world, new, "success", 0)
+    assert finish(proc)[0] == 0
+
+
+def test_a_pod_gone_just_before_the_final_stop_ends_the_keep_as_done(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    pod = live_pod(world)
+    world.before_action = lambda p: setattr(p, "status", "TERMINATED")  # gone between the read and the stop
+    say_end(world, pod, "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert state(tmp_path)["phase"] == "done" and "is gone" in err
+
+
 def test_a_start_whose_answer_is_lost_is_not_taken_for_a_lost_host(standin, spec, tmp_path):  # noqa: F811
     world = standin.world
     proc = keep(spec, "--retry-for", "0.2")
@@ -311,9 +354,9 @@ def test_a_keeper_pod_with_a_bad_option_or_an_unfilled_secret_stops_itself(stand
 
 # -- 7. a webhook that never answers ------------------------------------------------------------------------------
 class SilentHook:
-    """A webhook that reads each post and never answers."""
+    """A webhook that reads each post and never answers (`trickle`: answers a byte at a time, never finishing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, trickle: bool = False) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.release = threading.Event()
         hook = self
@@ -325,7 +368,13 @@ class SilentHook:
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 hook.bodies.append(json.loads(raw))
-                hook.release.wait(30)
+                if not trickle:
+                    hook.release.wait(30)
+                    return
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not hook.release.wait(0.2):  # every read gets a byte within its timeout
+                    self.wfile.write(b"z")
+                    self.wfile.flush()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -353,6 +402,22 @@ def test_the_end_message_is_tried_even_when_the_webhook_never_answers(standin, s
         assert code == 0, err
         assert any("the job succeeded" in b["text"] for b in hook.bodies), hook.bodies
         assert took < 6.0, f"{took:.1f}s"
+    finally:
+        hook.close()
+
+
+def test_a_webhook_that_answers_a_byte_at_a_time_costs_each_message_its_deadline_only():
+    from podguard.pods.keeper.notify import Notifier
+
+    hook = SilentHook(trickle=True)
+    warnings: list[str] = []
+    notifier = Notifier(hook.url, scrub=lambda t: t, warn=warnings.append, deadline_s=1.0)
+    try:
+        notifier.send("recovery 1")
+        notifier.send("recovery 2")
+        wait_for(lambda: len(hook.bodies) == 2, timeout=4.0, what="the second message, one deadline after the first")
+        notifier.close()
+        assert any("failed" in w for w in warnings), warnings
     finally:
         hook.close()
 
@@ -397,24 +462,6 @@ def test_a_recovery_notification_names_the_checkpoint_and_its_age(standin, spec,
     recovery = posts[0]["text"]
     assert "comes back from checkpoint-1200 (step 1200), work since 14m" in recovery, recovery
     assert "checkpoint" not in posts[-1]["text"]
-
-
-CLUSTER_SPEC = """
-    name = "ring"
-    image = "registry.example/me/podguard:0.2"
-    args = "train --mode torchrun -- python train.py"
-
-    [gpu]
-    types = ["NVIDIA A40"]
-    count = 2
-
-    [cluster]
-    nodes = 2
-
-    [network_volume]
-    id = "vol-9"
-    path = "/workspace"
-"""
 
 
 def test_a_keeper_killed_between_reading_the_end_line_and_acting_on_it_reads_it_again(standin, tmp_path):  # noqa: F811

@@ -140,8 +140,8 @@ def kept_by(api: PodApi, name: str, pods: list[Pod] | None = None) -> str | None
     keeper = keeper_name(name)
     if any(p.name == keeper and str(p.status) not in ("TERMINATED", "EXITED") for p in listed):
         return keeper  # (a stopped keeper pod keeps nothing)
-    pid = _local_keeper(name)
-    return f"pid {pid} on this machine" if pid else None
+    pids = _local_keepers(name)
+    return ", ".join(f"pid {pid}" for pid in sorted(pids)) + " on this machine" if pids else None
 
 
 def _local_keeper(name: str) -> int | None:

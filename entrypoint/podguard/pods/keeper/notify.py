@@ -120,22 +120,39 @@ class Notifier:
             self._post(text)
 
     def _post(self, text: str) -> None:
-        request = urllib.request.Request(
-            self._url,
-            data=webhook_body(text),
-            headers={"Content-Type": "application/json", "User-Agent": "podguard-keep"},
-            method="POST",
-        )
+        """Two tries within the message's deadline. urlopen's timeout bounds each socket read, not the whole post
+        (a webhook that answers a byte at a time, a slow name lookup): each try runs on a thread of its own and is
+        given up once the deadline passes."""
         error = "no time left"
         deadline = time.monotonic() + self._deadline_s
         for _ in range(TRIES):
             left = deadline - time.monotonic()
             if left < 0.1:
                 break
-            try:
-                with urllib.request.urlopen(request, timeout=left) as answer:
-                    answer.read()
+            outcome: list[str] = []
+            attempt = threading.Thread(target=self._try, args=(text, left, outcome), name="podguard-notify-try")
+            attempt.daemon = True
+            attempt.start()
+            attempt.join(timeout=left)
+            if not outcome:
+                error = f"no answer within {self._deadline_s:g} s"
+                break
+            if outcome[0] == "":
                 return
-            except Exception as exc:  # a webhook must never stop the keeper
-                error = type(exc).__name__ + (f" {exc.code}" if hasattr(exc, "code") else "")
+            error = outcome[0]
         self._warn(f"warning: --notify to {_shown(self._url)} failed ({error}); the keeper goes on")
+
+    def _try(self, text: str, timeout: float, outcome: list[str]) -> None:
+        """One POST; appends "" when the webhook answered, else what went wrong."""
+        request = urllib.request.Request(
+            self._url,
+            data=webhook_body(text),
+            headers={"Content-Type": "application/json", "User-Agent": "podguard-keep"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                answer.read()
+            outcome.append("")
+        except Exception as exc:  # a webhook must never stop the keeper
+            outcome.append(type(exc).__name__ + (f" {exc.code}" if hasattr(exc, "code") else ""))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from podguard.durations import format_duration
+from podguard.errors import UsageError
 from podguard.outcome_lines import Checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Act, Decision, Observed
@@ -69,6 +70,8 @@ class Recovering(Ending):
             )
             try:
                 self.target.start()
+            except UsageError as exc:  # its status changed since the poll (a 409: now ERROR, say)
+                return self._changed_under_us(exc.message)
             except ApiError as exc:
                 if exc.kind in TRANSIENT:  # a 5xx, a dropped connection or a 429
                     self.state.recoveries -= 1  # maybe not started: the next poll decides again
@@ -77,6 +80,8 @@ class Recovering(Ending):
                     self.view.after_recovery(replaced=False)
                     self._after_recovery()
                     raise
+                if exc.kind is ApiErrorKind.NOT_FOUND:  # gone since the poll: the next poll replaces it
+                    return self._changed_under_us(exc.message)
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:
                     raise
                 reason = f"its start was refused, the host has no free GPUs ({exc.detail or exc.message})"
@@ -88,6 +93,13 @@ class Recovering(Ending):
             self._after_recovery()
             return None
         return self._replace(decision.reason, number)
+
+    def _changed_under_us(self, why: str) -> None:
+        """The pod changed between the poll and the start (gone, or a status that cannot start): not a reason
+        to end (a keeper that exited would leave what remains unwatched); the next poll decides again."""
+        self.state.recoveries -= 1  # nothing was started
+        self.store.save(self.state)
+        self.events.note(f"{self.target.describe()} changed before its start ({why}); deciding again")
 
     def _can_replace(self) -> bool:
         """Only with a network volume: a replacement elsewhere would lose what is on the pod's own disk."""
@@ -117,6 +129,7 @@ class Recovering(Ending):
         if old and self.target.adopt(exclude=old):
             self._say_adopted(resumed)
             self.target.discard(old)
+            self._settle()  # several actors each made one (the oldest was adopted): never two of one name
         else:
             if old:
                 if self.target.target_id == old:
@@ -142,6 +155,7 @@ class Recovering(Ending):
         while True:
             if self.target.adopt():
                 self._say_adopted(resumed)
+                self._settle()
                 return
             try:
                 with held():  # a `pod down` meanwhile waits for the answer (a keeper started again adopts it)
@@ -167,6 +181,13 @@ class Recovering(Ending):
             f"created {self.target.describe()} in place of {old or 'the lost one'}",
             target=self.target.target_id,
         )
+
+    def _settle(self) -> None:
+        """After adopting a replacement someone else made: the newer ones of the name, made by other actors at
+        the same time, are terminated (the oldest, adopted, stays: the rule settle_twins applies)."""
+        extra = self.target.settle_twins()
+        if extra:  # the adopted one was not the oldest after all (a listing in between): the oldest is kept now
+            self.events.note(f"{self.target.describe()} is the oldest of the name: kept; {extra} terminated")
 
     def _say_adopted(self, resumed: bool) -> None:
         found = self.target.describe()

@@ -236,7 +236,12 @@ class PodTarget:
             return f"pod {self.name} ({pod.id}) is already {pod.status}"
         if PodAction.STOP not in (pod.actions or allowed_actions(pod.status)):
             return f"pod {self.name} ({pod.id}) is {pod.status}, which RunPod cannot stop; it is left as it is"
-        act_on(self.api, pod, PodAction.STOP)
+        try:
+            act_on(self.api, pod, PodAction.STOP)
+        except ApiError as exc:
+            if exc.kind is not ApiErrorKind.NOT_FOUND:
+                raise
+            return f"pod {self.name} is gone"  # gone since the read (terminated meanwhile): nothing bills
         return f"pod {self.name} ({pod.id}) stopped ({why}); its disk and volume stay"
 
     def close(self) -> None:
