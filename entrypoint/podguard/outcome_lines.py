@@ -33,7 +33,7 @@ __all__ = [
 KINDS = ("success", "failed", "hung", "gpu-fault", "guard", "signal", "preflight")
 END_LINE = re.compile(r"^podguard (?P<command>train|run): END (?P<kind>[a-z-]+) exit (?P<code>\d+)\b")
 MAX_LINE = 399  # an END line stays under 400 characters (the keeper reads it as one log line)
-_NEWEST = re.compile(r"newest checkpoint (\S+) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)")
+_NEWEST = re.compile(r"newest checkpoint (\S(?:.*?\S)?) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)")
 
 
 def end_line(command: str, kind: str, code: int, attempts: int, detail: str) -> str:

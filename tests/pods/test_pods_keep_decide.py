@@ -186,6 +186,10 @@ def test_the_end_line_stays_under_400_characters_and_its_checkpoint_is_read_back
     assert found is not None and (found.name, found.step) == ("checkpoint-1200", 1200)
     assert newest_checkpoint("newest checkpoint /w/ckpt.pt (written 2026-11-27T08:00:00Z)").step is None
     assert newest_checkpoint("job finished") is None
+    spaced = newest_checkpoint(  # a checkpoint dir with a space in its path is read whole
+        "newest checkpoint /workspace/my run/checkpoint-7 (step 7, written 2026-11-27T08:00:00Z); started from scratch"
+    )
+    assert spaced is not None and (spaced.path, spaced.step) == ("/workspace/my run/checkpoint-7", 7)
     wide = end_line("run", "failed", 3, 1, "損失が発散しました\u2028" * 80)  # characters, not bytes; one line
     assert len(wide) == 399 and wide.endswith("…") and len(wide.splitlines()) == 1
     cue = read_line(wide)
