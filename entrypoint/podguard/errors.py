@@ -33,6 +33,7 @@ class PodguardError(Exception):
         super().__init__(message)
         self.message = message
         self.code = int(code)
+        self.end_said = False  # train/run: the run's END line already names this failure
 
 
 class UsageError(PodguardError):

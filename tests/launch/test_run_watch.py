@@ -186,7 +186,7 @@ def test_heartbeats_find_a_stuck_rank_while_another_rank_keeps_printing(node, tm
         ],
     )
     assert proc.returncode == 79, proc.stderr[-2000:]
-    assert "podguard: HUNG: rank(s) 1: no heartbeat for " in said(proc)
+    assert "podguard: HUNG: rank(s) 1: no progress (heartbeat) for " in said(proc)
     assert "job hung (rank(s) 1)" in said(proc)
 
 
@@ -502,7 +502,7 @@ def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, 
     args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--grace", "1", "--", sys.executable, job]
     proc = pg(node, args, env={"NUM_TRAINERS": "2"})  # torchrun's 2 workers; the old board had 1 slot (0 GPUs)
     assert proc.returncode == 79, said(proc)[-3000:]
-    assert "podguard: HUNG: rank(s) 1: no heartbeat for " in said(proc)
+    assert "podguard: HUNG: rank(s) 1: no progress (heartbeat) for " in said(proc)
 
 
 def test_a_full_state_dir_degrades_to_warnings_and_the_job_runs(node, tmp_path):

@@ -343,6 +343,15 @@ def test_member_actions_refused_with_400_or_403_are_refusals_not_failures(standi
         ("[cluster]\nnodes = 2\nspread = true\n", "[cluster] spread is not a known key"),
         ("interruptible = true\n[cluster]\nnodes = 2\n", "interruptible is refused with [cluster]"),
         ("[cluster]\nnodes = 2\n[limits]\nrestarts = 2\n", "[limits] restarts is refused with [cluster]"),
+        (
+            'args = "train --restarts 2 -- python x.py"\n[cluster]\nnodes = 2\n',
+            "args '--restarts 2' is refused with [cluster]",
+        ),
+        ('args = "train --restarts=1"\n[cluster]\nnodes = 2\n', "args '--restarts=1' is refused with [cluster]"),
+        (
+            '[cluster]\nnodes = 2\n[env]\nPODGUARD_RESTARTS = "2"\n',
+            "[env] PODGUARD_RESTARTS is refused with [cluster]",
+        ),
     ],
 )
 def test_bad_cluster_specs_are_64_with_one_line_and_no_request(standin, tmp_path, table, says):  # noqa: F811
@@ -363,6 +372,14 @@ def test_a_cluster_needs_gpu_nodes(standin, tmp_path, body, says):  # noqa: F811
     proc = pg(["pod", "up", "--spec", str(write_spec(tmp_path / "bad.toml", 'name = "c"\nimage = "i"\n' + body))])
     assert proc.returncode == 64 and says in proc.stderr and standin.requests == [], proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_restarts_that_are_the_jobs_own_or_zero_are_not_podguards(tmp_path):
+    from podguard.pods.spec import load_spec
+
+    for args in ("train --restarts 0 -- python x.py", "train -- python x.py --restarts 3"):
+        text = f'name = "ring"\nimage = "img:1"\nargs = "{args}"\n[cluster]\nnodes = 2\n[gpu]\ntypes = ["NVIDIA A40"]\n'
+        assert load_spec(write_spec(tmp_path / "ok.toml", text)).cluster is not None
 
 
 def test_clusters_are_rest_only(standin, tmp_path):  # noqa: F811

@@ -90,19 +90,32 @@ def main(argv: list[str] | None = None) -> None:
         code = ExitCode.USAGE
     except click_exc.UsageError as exc:
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+        _end_in_pod(args, ExitCode.USAGE, exc.format_message())
         print(f"podguard: error: {exc.format_message()}{hint}", file=sys.stderr)
         code = ExitCode.USAGE
     except click_exc.ClickException as exc:
+        _end_in_pod(args, ExitCode.USAGE, exc.format_message())
         print(f"podguard: error: {exc.format_message()}", file=sys.stderr)
         code = ExitCode.USAGE
     except typer_exc.Abort:
         code = 130
     except PodguardError as exc:
+        if not exc.end_said:
+            _end_in_pod(args, exc.code, exc.message)
         print(f"podguard: error: {exc.message}", file=sys.stderr)
         code = exc.code
     except BrokenPipeError:
         code = _reader_gone()
     sys.exit(_flush_stdout(int(code or 0)))
+
+
+def _end_in_pod(args: list[str], code: int, message: str) -> None:
+    """Inside a pod, `train`/`run` refused before its run began still says END (kind preflight): a keeper reading
+    the pod's log stops the pod instead of waiting on a container that restarts into the same refusal."""
+    if args and args[0] in ("train", "run") and os.environ.get("RUNPOD_POD_ID"):
+        from podguard.outcome_lines import end_line
+
+        print(end_line(args[0], "preflight", code, 0, message), file=sys.stderr, flush=True)
 
 
 READER_GONE = 128 + signal.SIGPIPE  # 141: the output's reader went away before the command finished writing

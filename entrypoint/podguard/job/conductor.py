@@ -69,13 +69,21 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
 
     base = state_dir(opts.state_dir)
     heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
-    metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
-    guards = None
+    metrics = guards = None
+    conductor: Conductor | None = None
     try:
+        metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
         guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
         if metrics is not None:
             metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
-        return Conductor(cfg, opts, base, heal, guards, metrics=metrics).run()
+        conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics)
+        return conductor.run()
+    except PodguardError as exc:  # a run that started says how it ended, once (`pod keep` reads it)
+        if conductor is None or not conductor.ended:
+            attempts = conductor.attempts if conductor is not None else 0
+            _say(end_line(opts.command, "preflight", exc.code, attempts, exc.message))
+        exc.end_said = True
+        raise
     finally:
         if guards is not None:
             guards.close()
@@ -124,6 +132,7 @@ class Conductor:
         self.lease: GpuLease | None = None
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
         self.attempts = 0
+        self.ended = False  # the END line was said
         self.record: Callable[..., Path | None] | None = None
         self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
         self.seen: AttemptCheckpoints | None = None  # the last attempt's checkpoints (END and RESTART name them)
@@ -307,6 +316,7 @@ class Conductor:
         if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
             detail = f"{self.seen.fragment()}; {detail}" if detail else self.seen.fragment()
         _say(end_line(self.command, ending.kind, ending.code, self.attempts, detail))
+        self.ended = True
         if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
             from podguard.guards.end import end_after_trip
 

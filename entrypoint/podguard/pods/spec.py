@@ -10,6 +10,7 @@ Unknown keys are errors that name the key. Values pass through untouched (RunPod
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,15 +274,35 @@ def _cluster(c: _Checker, data: Mapping[str, Any], spec: PodSpec) -> ClusterShap
         raise c.fail("interruptible", "is refused with [cluster]: Instant Clusters have no spot nodes; remove it")
     if "gpu" not in data:
         raise c.fail("[cluster]", "needs a [gpu] table: the GPU types to try and `count`, the GPUs per node")
-    limits = data.get("limits")
-    if isinstance(limits, dict) and "restarts" in limits:
+    if (where := _restarts_in(data, spec.args)) is not None:
         raise c.fail(
-            "[limits] restarts",
+            where,
             "is refused with [cluster]: it relaunches one node's job, which the other nodes do not follow; use "
             'torchrun\'s --max-restarts (e.g. args = "train --mode torchrun --max-restarts 2 -- python train.py"), '
             "which restarts every node's workers together",
         )
     return ClusterShape(nodes=nodes, type=kind)
+
+
+def _restarts_in(data: Mapping[str, Any], args: str) -> str | None:
+    """Where a cluster spec asks for podguard's own restarts: `[limits] restarts`, `--restarts N` among podguard's
+    arguments (before `--`: after it the words are the job's), or `[env] PODGUARD_RESTARTS`; None when nowhere
+    (0 asks for none)."""
+    limits = data.get("limits")
+    if isinstance(limits, dict) and "restarts" in limits:
+        return "[limits] restarts"
+    words = shlex.split(args) if args else []
+    words = words[: words.index("--")] if "--" in words else words
+    for i, word in enumerate(words):
+        value = word.partition("=")[2] if word.startswith("--restarts=") else None
+        if word == "--restarts":
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if value is not None and value.strip() not in ("0", ""):
+            return f"args {word if '=' in word else f'{word} {value}'!r}"
+    env = data.get("env")
+    if isinstance(env, dict) and str(env.get("PODGUARD_RESTARTS", "")).strip() not in ("", "0"):
+        return "[env] PODGUARD_RESTARTS"
+    return None
 
 
 def _valid_port(value: str) -> bool:

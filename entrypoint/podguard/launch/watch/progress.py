@@ -39,7 +39,7 @@ class Hang:
 
     @property
     def text(self) -> str:
-        who = f"rank(s) {', '.join(map(str, self.ranks))}: no heartbeat" if self.ranks else "no progress"
+        who = f"rank(s) {', '.join(map(str, self.ranks))}: no progress (heartbeat)" if self.ranks else "no progress"
         return f"{who} for {format_duration(self.silent_s)} (last progress: {self.last})"
 
     def to_dict(self) -> dict[str, object]:
