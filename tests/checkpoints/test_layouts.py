@@ -146,6 +146,23 @@ def test_megatron_tracker_and_a_missing_iteration(tmp_path):
     assert f.chosen is not None and f.chosen.step == 1000
 
 
+def test_a_megatron_iteration_the_tracker_named_is_whole_as_it_exists(tmp_path):
+    """PRODUCT: `latest_checkpointed_iteration.txt` names an `iter_*` folder that exists (Megatron-LM writes the
+    tracker after every rank saved): its files are not judged one by one."""
+    (tmp_path / "iter_0000500" / "mp_rank_00").mkdir(parents=True)
+    (tmp_path / "iter_0000500" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"placeholder")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("500")
+    c = only(tmp_path)
+    assert (c.layout, c.step, c.whole, c.name) == (Layout.MEGATRON, 500, True, "iter_0000500")
+
+
+def test_an_empty_checkpoint_folder_is_dated_by_the_folder_itself(tmp_path):
+    (tmp_path / "iter_0000500").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("500")
+    c = only(tmp_path)
+    assert abs(c.mtime - (tmp_path / "iter_0000500").stat().st_mtime) < 1
+
+
 def test_a_completed_marker_makes_any_folder_whole(tmp_path):
     folder = tmp_path / "run-a"
     folder.mkdir()
@@ -167,6 +184,15 @@ def test_the_newest_broken_one_is_skipped_and_named_and_the_older_whole_one_hand
     lines = resume_lines(f, now=f.chosen.mtime + 600)
     assert lines[0].startswith("skipping checkpoint-200: model.safetensors is ")
     assert lines[1] == f"resuming from {tmp_path / 'checkpoint-100'} (step 100, written 10m ago)"
+
+
+def test_a_broken_checkpoint_file_is_named_once_in_its_skip_line(tmp_path):
+    w.torch_file(tmp_path / "step_100.pt")
+    w.age(tmp_path / "step_100.pt", 600)
+    w.torch_file(tmp_path / "step_200.pt")
+    w.truncate(tmp_path / "step_200.pt", 0.5)
+    lines = resume_lines(find_checkpoints(tmp_path), now=0.0)
+    assert lines[0] == "skipping step_200.pt: its zip central directory does not read (cut short?)", lines
 
 
 def test_a_stepless_last_ckpt_written_after_the_others_is_the_newest(tmp_path):

@@ -228,7 +228,7 @@ def test_idle_stop_with_save_signal_asks_the_idle_job_to_save_first(node, tmp_pa
         (["--save-signal", "USR9"], {}, "--save-signal='USR9' is not valid"),
         ([], {"PODGUARD_SAVE_SIGNAL": "bogus"}, "--save-signal='bogus' is not valid"),
         (["--save-grace", "0"], {}, "--save-grace='0' is not valid"),
-        (["--save-grace", "soon"], {}, "--save-grace='soon' is not a duration"),
+        (["--save-grace", "soon"], {}, "--save-grace='soon' is not valid; expected a duration > 0"),
         (["--save-signal", "USR1", "--no-ckpt"], {}, "--save-signal needs --checkpoints DIR"),
         (["--checkpoints", "FILE"], {}, "is not a folder"),
     ],

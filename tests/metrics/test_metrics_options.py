@@ -37,7 +37,7 @@ def test_a_taken_port_is_64_before_the_job_starts(cli_node, tmp_path):
     ("args", "env", "said"),
     [
         (["--metrics-port", "70000"], {}, "--metrics-port=70000 is not valid; expected an integer 1-65535"),
-        (["--metrics-port", "nine"], {}, "--metrics-port='nine' is not a whole number"),
+        (["--metrics-port", "nine"], {}, "--metrics-port='nine' is not a whole number; expected an integer 1-65535"),
         ([], {"PODGUARD_METRICS_PORT": "0"}, "--metrics-port=0 is not valid; expected an integer 1-65535"),
         (
             [],

@@ -55,3 +55,16 @@ def test_before_the_first_launch_only_the_process_series_are_there():
     assert names == ["podguard_up", "podguard_info", "podguard_job_attempt", "podguard_job_restarts_total"]
     assert 'podguard_info{mode="auto",pod_id="pod1",version="9.9"} 1.0' in text
     assert "podguard_job_attempt 0.0" in text
+
+
+def test_a_heartbeat_read_only_at_the_end_still_moves_the_jobs_last_progress():
+    """A short attempt whose beats are read only by the watch's last board read (progress.seen still False): the
+    rank's last progress is set, and so is the job's, never older than any rank's."""
+    state = MetricsState(version="0", mode="single", pod_id="")
+    state.begin_attempt(0, "single", [GpuRow(0, "GPU-a", "H100")])
+    unseen = runtime({0: Beat(0, 3, 2, time.monotonic(), pid=100, rank=0)})
+    unseen.progress.seen = False
+    state.observe(unseen)
+    [(_, rank_at)] = state.snapshot.samples["podguard_rank_last_progress_timestamp_seconds"]
+    [(_, job_at)] = state.snapshot.samples["podguard_job_last_progress_timestamp_seconds"]
+    assert job_at >= rank_at > 0

@@ -61,7 +61,10 @@ class Tree:
 def read_tree(path: str) -> Tree:
     """The files under `path`, 3 levels deep (symlinks followed: the depth bounds a loop)."""
     files: dict[str, tuple[int, float]] = {}
-    newest = 0.0
+    try:
+        newest = os.stat(path).st_mtime  # an empty folder was written when it was made, not in 1970
+    except OSError:
+        newest = 0.0
     stack = [(path, "", 0)]
     while stack:
         folder, rel, depth = stack.pop()

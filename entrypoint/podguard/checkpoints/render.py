@@ -33,9 +33,18 @@ def _step(c: Checkpoint) -> str:
     return f"step {c.step}, " if c.step is not None else ""
 
 
+def _own_why(c: Checkpoint) -> str:
+    """A file's why without its own name again: `step_500.pt: its zip ...` -> `its zip ...`."""
+    if c.why.startswith(f"{c.name}: "):
+        return c.why[len(c.name) + 2 :]
+    if c.why.startswith(f"{c.name} "):
+        return "it" + c.why[len(c.name) :]
+    return c.why
+
+
 def resume_lines(finding: Finding, now: float) -> list[str]:
     """`skipping <name>: <why>` for each newer broken one, then `resuming from ...` or `no checkpoint yet in DIR`."""
-    lines = [f"skipping {c.name}: {c.why}" for c in finding.skipped]
+    lines = [f"skipping {c.name}: {_own_why(c)}" for c in finding.skipped]
     chosen = finding.chosen
     if chosen is None:
         lines.append(f"no checkpoint yet in {finding.directory}")

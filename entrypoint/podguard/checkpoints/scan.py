@@ -252,6 +252,8 @@ def _classify(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tup
                 tracker = DEEPSPEED_TRACKER if kind is Layout.DEEPSPEED else MEGATRON_TRACKER
                 why = f"newer than {named}, which {tracker} names (the save did not finish)"
                 return kind, lambda: (why, "")
+        if kind is Layout.MEGATRON:  # Megatron writes its tracker once every rank saved: a folder it named exists
+            return kind, _whole
         return kind, lambda: files_why(path, tree)
     if tree.top(".metadata") or any(n.endswith(".distcp") and "/" not in n for n in tree.files):
         return Layout.DCP, lambda: (dcp_why(tree), "")

@@ -30,9 +30,13 @@ def save_signal(raw: Any) -> int | None:
 
 
 def save_grace(raw: Any) -> float:
-    value = parse_duration(raw, "--save-grace")
+    bad = UsageError(f"--save-grace={raw!r} is not valid; expected a duration > 0, e.g. 90s, 2m or 120")
+    try:
+        value = parse_duration(raw, "--save-grace")
+    except UsageError:
+        raise bad from None  # (parse_duration's own message offers "0 or off", which a grace cannot be)
     if value is None:
-        raise UsageError(f"--save-grace={raw!r} is not valid; expected a duration > 0, e.g. 90s or 2m")
+        raise bad
     return value
 
 

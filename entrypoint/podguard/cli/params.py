@@ -66,12 +66,12 @@ def parse_seconds(raw: Any, name: str) -> float:
 
 def parse_int(raw: Any, name: str, minimum: int = 0, maximum: int | None = None) -> int:
     """A whole number within [minimum, maximum]."""
+    bound = f">= {minimum}" if maximum is None else f"{minimum}-{maximum}"
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a whole number; expected an integer >= {minimum}") from None
+        raise UsageError(f"{name}={raw!r} is not a whole number; expected an integer {bound}") from None
     if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"{minimum}-{maximum}"
         raise UsageError(f"{name}={value} is not valid; expected an integer {bound}")
     return value
 

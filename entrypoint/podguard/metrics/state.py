@@ -117,6 +117,7 @@ class MetricsState:
             rank.heartbeats += beat.count - counted
             rank.step = beat.step if beat.step is not None else rank.step
             rank.last_wall = max(rank.last_wall, wall - max(0.0, now - beat.at))
+            self.last_progress = max(self.last_progress or 0.0, rank.last_wall)  # a beat is the job's progress too
         labels = runtime.progress.labels
         self.slow = {str(labels.get(slot, slot)) for slot in runtime.rates.slow}
         for fault in runtime.faults[self._faults_seen :]:
