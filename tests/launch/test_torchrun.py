@@ -199,6 +199,9 @@ def test_launching_torchrun_inside_torchrun_or_nothing_is_refused(argv):
         (["accelerate-launch", "train.py"], "accelerate launch"),  # accelerate's own console script
         (["python", "/opt/venv/bin/accelerate", "launch", "train.py"], "accelerate launch"),
         (["deepspeed.pt", "train.py"], "deepspeed"),
+        (["env", "NCCL_DEBUG=INFO", "torchrun", "train.py"], "torchrun"),  # behind a wrapper
+        (["uv", "run", "--frozen", "accelerate", "launch", "train.py"], "accelerate launch"),
+        (["nice", "-n", "5", "deepspeed", "train.py"], "deepspeed"),
     ],
 )
 def test_any_launcher_inside_torchrun_mode_is_refused_naming_it_and_what_to_do(argv, named):
@@ -222,6 +225,11 @@ def test_any_launcher_inside_torchrun_mode_is_refused_naming_it_and_what_to_do(a
 )
 def test_a_script_or_module_that_only_sounds_like_a_launcher_is_not_refused(argv):
     assert classify_command(argv, {"PATH": os.path.dirname(sys.executable)}).kind in ("script", "module")
+
+
+def test_a_wrapper_around_a_training_script_is_not_refused():
+    for argv in (["env", "X=1", "python", "train.py"], ["nice", "-n", "5", "./train.sh"], ["uv", "run", "train.py"]):
+        assert classify_command(argv, {"PATH": os.path.dirname(sys.executable)}).kind == "program"
 
 
 def test_the_agent_and_so_every_rank_get_line_buffered_stdio_and_richs_tty_switches(tmp_path):

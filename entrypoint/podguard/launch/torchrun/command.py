@@ -131,10 +131,33 @@ def _launcher_refused(what: str, argv: Sequence[str]) -> UsageError:
     )
 
 
+_WRAPPERS = {"env", "nohup", "nice", "ionice", "taskset", "numactl", "stdbuf", "time"}  # run the next word
+_RUNNERS = {"uv", "poetry", "pipenv", "pdm", "hatch", "conda", "micromamba"}  # `<runner> run [opts] CMD`
+
+
+def _unwrapped(argv: Sequence[str]) -> Sequence[str]:
+    """The command behind wrappers that run another command (`env X=1 …`, `nice -n 5 …`, `uv run …`), so that a
+    launcher behind them is still seen. Options are skipped by their dash; an option's own value (`nice -n 5`) is
+    skipped too when it is not a command name that could be the launcher."""
+    i = 0
+    while i < len(argv):
+        name = os.path.basename(argv[i])
+        if name in _RUNNERS and i + 1 < len(argv) and argv[i + 1] == "run":
+            i += 2
+        elif name in _WRAPPERS:
+            i += 1
+        else:
+            return argv[i:]
+        while i < len(argv) and (argv[i].startswith("-") or "=" in argv[i] or argv[i].isdigit()):
+            i += 1
+    return argv[i:]
+
+
 def _refuse_launcher(argv: Sequence[str]) -> None:
     if not argv or not argv[0]:
         raise UsageError("torchrun mode needs a command, e.g. `podguard train -- python train.py`")
-    what = _LAUNCHERS.get(os.path.basename(argv[0]))
+    inner = _unwrapped(argv)
+    what = _LAUNCHERS.get(os.path.basename(inner[0])) if inner else None
     if what is not None:
         raise _launcher_refused(what, argv)
 
