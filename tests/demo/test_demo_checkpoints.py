@@ -35,3 +35,6 @@ def test_the_demo_saves_on_the_signal_and_the_next_run_goes_on_from_there(cli_no
     assert f"podguard: resuming from {ckpt / f'step-{step}.pt'} (step {step}, written " in text
     assert f"[demo] resumed from {ckpt / f'step-{step}.pt'} at step {step}" in text
     assert f"DONE steps={step + 5}" in text
+    assert "final_loss=nan" not in text  # 5 steps ran here: their loss, and their rate (not the resumed steps')
+    rate = int(re.search(r"samples/s=([\d,]+)", text).group(1).replace(",", ""))
+    assert 0 < rate < 10_000_000

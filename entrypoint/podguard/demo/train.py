@@ -160,8 +160,8 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
     _banner(run)
     _load_data(run)
     model, guard = _build_model(run)
-    train_s, last_loss = _train_loop(run, model, guard)
-    _summary(run, model, guard, train_s, last_loss)
+    train_s, last_loss, ran = _train_loop(run, model, guard)
+    _summary(run, model, guard, train_s, last_loss, ran)
     return ExitCode.OK
 
 
@@ -230,8 +230,9 @@ def _build_model(run: _Run) -> tuple[Any, NanGuard]:
     return model, guard
 
 
-def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
-    """The steps, with a progress line every `log_every`; (training seconds, last logged loss)."""
+def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float, int]:
+    """The steps, with a progress line every `log_every`; (training seconds, last logged loss, steps run here: fewer
+    than the total after a resume)."""
     import torch
     import torch.nn.functional as F
 
@@ -245,7 +246,9 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
     train_started = time.monotonic()
     last_loss = float("nan")
     global_batch = config.batch_size * run.ctx.world_size
+    ran = 0
     for step in range(first, config.steps + 1):
+        ran += 1
         idx = torch.randint(len(run.x), (config.batch_size,), generator=gen).to(run.device)
         loss = F.cross_entropy(model(run.x[idx]), run.y[idx])
         if step in run.inject and rank == run.inject_rank:
@@ -273,10 +276,10 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float]:
             )
     if run.ctx.is_cuda:
         torch.cuda.synchronize(run.device)
-    return time.monotonic() - train_started, last_loss
+    return time.monotonic() - train_started, last_loss, ran
 
 
-def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: float) -> None:
+def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: float, ran: int) -> None:
     """Loss and accuracy averaged over ranks, printed by rank 0."""
     import torch
 
@@ -295,10 +298,12 @@ def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: 
     if ctx.is_main:
         final_loss, final_acc = stats.tolist()
         global_batch = config.batch_size * ctx.world_size
+        rate = global_batch * ran / train_s if ran and train_s > 0 else 0.0  # the steps run here, not resumed ones
+        loss = f"{final_loss:.4f}" if ran else "n/a (resumed at the last step: nothing left to train)"
         emit(
-            f"[demo] DONE steps={config.steps} final_loss={final_loss:.4f} accuracy={final_acc * 100:.1f}% "
+            f"[demo] DONE steps={config.steps} final_loss={loss} accuracy={final_acc * 100:.1f}% "
             f"time={time.monotonic() - run.started:.1f}s (train {train_s:.1f}s) "
-            f"samples/s={global_batch * config.steps / train_s:,.0f} skipped={len(guard.skipped_steps)} "
+            f"samples/s={rate:,.0f} skipped={len(guard.skipped_steps)} "
             f"ranks={ctx.world_size} device={run.device.type} backend={ctx.backend} "
             f"dataset={_DATA_ORIGIN.get(run.prepared_by, run.prepared_by)}"
         )
