@@ -82,3 +82,20 @@ def test_a_state_dir_without_flock_leases_in_a_host_local_folder(tmp_path: Path,
     monkeypatch.setattr(locks, "local_lock_dir", lambda area: local / area)
     with allocate_master_port(start=free_port()) as lease:
         assert lease.path is not None and lease.path.is_relative_to(local / "leases")
+
+
+def test_runs_with_different_state_dirs_on_one_host_never_share_a_port(tmp_path: Path, monkeypatch):
+    """A sweep per PODGUARD_STATE_DIR: before either run binds its port, the second must not pick the first's
+    (seen: two demos on 29500, EADDRINUSE in the later one's rendezvous)."""
+    monkeypatch.setattr(locks, "local_lock_dir", lambda area: tmp_path / "host" / area)
+    start = free_port()
+    monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "sweep-a"))
+    with allocate_master_port(start=start) as first:
+        monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "sweep-b"))
+        with allocate_master_port(start=start) as second:
+            assert second.port != first.port
+        with pytest.raises(UsageError) as taken:  # the first's port asked for by name: leased, named
+            allocate_master_port(first.port)
+        assert f"MASTER_PORT={first.port} is leased by pid " in taken.value.message
+    with allocate_master_port(start=start) as again:  # released with the first run
+        assert again.port == first.port

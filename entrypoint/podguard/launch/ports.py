@@ -5,7 +5,8 @@
 
 A lease is a flock on `<state dir>/leases/ports-<host>/<port>.lock`, held for the run's life (the kernel
 drops it when podguard dies, however it dies), taken *before* the bind test so two runs starting at the
-same instant cannot pick the same port. Where the state dir's filesystem has no flock (some network
+same instant cannot pick the same port; and a second on the same name in a host-local folder, so that runs with
+different state dirs on one host see each other too. Where the state dir's filesystem has no flock (some network
 volumes) the locks live in a host-local folder instead. Why ports are leased: docs/torchrun.md.
 """
 
@@ -101,10 +102,11 @@ class PortLease:
     """A MASTER_PORT reserved for this run (against other podguard runs: the flock; against everything
     else: it was free when bind-tested). A context manager; `release()` is idempotent."""
 
-    def __init__(self, port: int, fd: int | None, path: Path | None) -> None:
+    def __init__(self, port: int, fd: int | None, path: Path | None, host_fd: int | None = None) -> None:
         self.port = port
         self.path = path
         self._fd = fd
+        self._host_fd = host_fd  # the same port's lease in the host-local folder (see _host_dir)
 
     @property
     def held(self) -> bool:
@@ -112,8 +114,10 @@ class PortLease:
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
-        if fd is not None:
-            _unlock(fd)
+        host_fd, self._host_fd = self._host_fd, None
+        for held in (fd, host_fd):
+            if held is not None:
+                _unlock(held)
 
     def env(self) -> dict[str, str]:
         return {"MASTER_PORT": str(self.port)}
@@ -141,6 +145,39 @@ def _port_dir(lease_dir: Path | None) -> Path:
     path = Path(lease_dir) / f"ports-{locks.host_id()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _host_dir(lease_dir: Path | None) -> Path | None:
+    """A second, host-local folder of port leases (the temp dir's `podguard-ports-<uid>`): two runs on one host
+    with different state dirs (a sweep per PODGUARD_STATE_DIR) see each other's ports there. None where the caller
+    chose the folder, or the temp dir cannot hold it."""
+    if lease_dir is not None:
+        return None
+    from podguard import locks
+
+    try:
+        path = locks.local_lock_dir("ports") / f"ports-{locks.host_id()}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError:
+        return None
+
+
+def _lock_port(pdir: Path, hdir: Path | None, port: int, command: str) -> tuple[int, int | None] | Path:
+    """Both leases of `port` (the state dir's, the host's), or the lease file of whoever holds one."""
+    fd = _try_lock(pdir / f"{port}.lock", command)
+    if fd is None:
+        return pdir / f"{port}.lock"
+    if hdir is None:
+        return fd, None
+    try:
+        host_fd = _try_lock(hdir / f"{port}.lock", command)
+    except OSError:
+        return fd, None  # the host folder went away: the state dir's lease still holds
+    if host_fd is None:
+        _unlock(fd)
+        return hdir / f"{port}.lock"
+    return fd, host_fd
 
 
 def _try_lock(path: Path, command: str) -> int | None:
@@ -194,21 +231,20 @@ def _holder(path: Path) -> str:
     return text
 
 
-def _lease_preferred(pdir: Path, port: int, command: str) -> PortLease:
-    path = pdir / f"{port}.lock"
-    fd = _try_lock(path, command)
-    if fd is None:
+def _lease_preferred(pdir: Path, hdir: Path | None, port: int, command: str) -> PortLease:
+    got = _lock_port(pdir, hdir, port, command)
+    if isinstance(got, Path):
         raise UsageError(
-            f"MASTER_PORT={port} is leased by {_holder(path)}; unset MASTER_PORT to let podguard pick "
+            f"MASTER_PORT={port} is leased by {_holder(got)}; unset MASTER_PORT to let podguard pick "
             "a free port for each run, or choose another port"
         )
     if port_in_use(port):
-        _unlock(fd)
+        PortLease(port, got[0], None, got[1]).release()
         raise UsageError(
             f"MASTER_PORT={port} is in use by another program on this host; unset MASTER_PORT "
             "to let podguard pick a free port, or choose another port"
         )
-    return PortLease(port, fd, path)
+    return PortLease(port, got[0], pdir / f"{port}.lock", got[1])
 
 
 def allocate_master_port(
@@ -232,20 +268,21 @@ def allocate_master_port(
             raise UsageError(f"{name}={value} is out of range; expected a TCP port in 1..65535")
     from podguard import locks
 
-    pdir = _port_dir(lease_dir)
+    pdir, hdir = _port_dir(lease_dir), _host_dir(lease_dir)
     cmd = command or locks.holder_command()
     try:
         if preferred is not None:
-            return _lease_preferred(pdir, preferred, cmd)
+            return _lease_preferred(pdir, hdir, preferred, cmd)
         end = min(65535, start + max(1, span) - 1)
         for port in range(start, end + 1):
-            fd = _try_lock(pdir / f"{port}.lock", cmd)
-            if fd is None:
+            got = _lock_port(pdir, hdir, port, cmd)
+            if isinstance(got, Path):
                 continue
+            lease = PortLease(port, got[0], pdir / f"{port}.lock", got[1])
             if port_in_use(port):
-                _unlock(fd)
+                lease.release()
                 continue
-            return PortLease(port, fd, pdir / f"{port}.lock")
+            return lease
     except locks.NoFlock:
         if lease_dir is not None:
             raise
