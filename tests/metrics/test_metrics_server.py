@@ -9,6 +9,7 @@ and what a scrape gets must be accepted by Prometheus itself, not only by the Py
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -34,7 +35,7 @@ from podguard.metrics.server import MetricsServer
 from podguard.metrics.state import GpuRow, MetricsState
 from podguard.rank.progress import Beat
 
-FAST = 0.5  # the request timeout in these tests (the product's is REQUEST_TIMEOUT_S)
+FAST = 0.5  # the whole-request deadline in these tests (the product's is DEADLINE_S)
 
 
 def full_state() -> MetricsState:
@@ -63,7 +64,7 @@ def full_state() -> MetricsState:
 def served():
     """A server on a free port over the full state, with a short request timeout; closed afterwards."""
     state = full_state()
-    server = MetricsServer.bind(free_port(), snapshot_registry(state), timeout_s=FAST)
+    server = MetricsServer.bind(free_port(), snapshot_registry(state), deadline_s=FAST)
     try:
         yield server
     finally:
@@ -100,12 +101,20 @@ def test_a_scraper_that_asks_for_openmetrics_or_gzip_gets_it(served):
     assert {s.name for s in SERIES} <= names
 
 
-def _handler_threads() -> int:
-    return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-") and "process_request" in t.name)
+def _recv_closed(sock: socket.socket, timeout: float) -> bool:
+    """True when the server has closed this connection (EOF or a reset) within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if sock.recv(4096) == b"":
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
 
 
 def test_silent_clients_are_dropped_and_never_block_other_scrapes_or_the_close(served):
-    before = _handler_threads()
     silent = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(6)]  # connect, send nothing
     lazy = []
     for _ in range(3):  # send a request, never read the answer
@@ -118,34 +127,118 @@ def test_silent_clients_are_dropped_and_never_block_other_scrapes_or_the_close(s
             answers = list(pool.map(lambda _: get(served.port)[0], range(24)))
             took = time.perf_counter() - t0
         assert answers == [200] * 24 and took < 0.9, f"{took:.2f} s"  # (no wait for a SYN retry: 1 s)
-        for sock in silent:  # the server hangs up on each after the request timeout
-            sock.settimeout(5 * FAST)
-            assert sock.recv(100) == b"", "a silent client must be dropped"
-        wait_for(lambda: _handler_threads() <= before, "the handler threads to end", timeout=5)
+        for sock in silent:  # the server hangs up on each at the deadline
+            assert _recv_closed(sock, 10 * FAST), "a silent client must be dropped"
+        wait_for(lambda: served.open_connections == 0, "every connection closed", timeout=5)
     finally:
         for sock in silent + lazy:
             sock.close()
 
 
-def test_connections_beyond_the_limit_are_closed_at_once():
-    before = _handler_threads()
-    server = MetricsServer.bind(free_port(), snapshot_registry(full_state()), timeout_s=30.0, max_clients=4)
-    socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+class Tricklers:
+    """`n` slow clients, each sending its request one byte at a time, a byte every `every_s` (more often than any
+    per-read timeout), and connecting again when the server hangs up (as a client that means harm does)."""
+
+    REQUEST = b"GET /metrics HTTP/1.1\r\nHost: podguard\r\nUser-Agent: slow\r\n\r\n"
+
+    def __init__(self, port: int, n: int, every_s: float) -> None:
+        self.port, self.every_s = port, every_s
+        self.socks = [self._connect() for _ in range(n)]
+        self.sent = [0] * n
+        self.dropped: list[float] = []  # how long each dropped connection had lived
+        self.born = [time.monotonic()] * n
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+    def _run(self) -> None:
+        body = self.REQUEST[:-4]  # never the blank line that ends the head
+        while not self._stop.wait(self.every_s):
+            for i, sock in enumerate(self.socks):
+                try:
+                    sock.sendall(body[self.sent[i] % len(body) :][:1])
+                    self.sent[i] += 1
+                except OSError:  # dropped by the server: count it and come back
+                    self.dropped.append(time.monotonic() - self.born[i])
+                    sock.close()
+                    self.socks[i], self.sent[i], self.born[i] = self._connect(), 0, time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for sock in self.socks:
+            sock.close()
+
+
+def test_32_slow_clients_trickling_never_stop_scrapes_and_each_is_dropped_at_the_deadline():
+    """A per-read timeout is no deadline: 32 clients each sending a byte more often than it, holding 32 slots, used
+    to close every scrape for as long as they trickled."""
+    server = MetricsServer.bind(free_port(), snapshot_registry(full_state()), deadline_s=FAST)
+    slow = Tricklers(server.port, 32, every_s=FAST / 5)
     try:
-        wait_for(lambda: _handler_threads() >= before + 4, "the four to be accepted", timeout=5)
-        extra = socket.create_connection(("127.0.0.1", server.port))
-        extra.settimeout(2.0)
-        assert extra.recv(100) == b"", "a fifth connection must be closed, not queued behind the others"
-        extra.close()
+        wait_for(lambda: server.open_connections >= 32, "the 32 slow clients", timeout=5)
+        deadline = time.monotonic() + 6 * FAST
+        answers = []
+        while time.monotonic() < deadline:  # scrapes through several of the slow clients' lifetimes
+            answers.append(get(server.port)[0])
+            time.sleep(0.02)
+        assert answers and set(answers) == {200}, answers
+        wait_for(lambda: len(slow.dropped) >= 32, "each slow client dropped", timeout=10 * FAST)
+        assert max(slow.dropped) < FAST + 2.0, slow.dropped  # at the deadline (a loaded machine's margin)
+    finally:
+        slow.close()
+        server.close()
+
+
+def test_at_the_product_s_deadline_32_clients_trickling_a_byte_every_second_leave_scrapes_alone():
+    server = MetricsServer.bind(free_port(), snapshot_registry(full_state()))  # DEADLINE_S, MAX_CONNECTIONS
+    slow = Tricklers(server.port, 32, every_s=1.0)
+    try:
+        wait_for(lambda: server.open_connections >= 32, "the 32 slow clients", timeout=5)
+        for _ in range(20):
+            assert get(server.port)[0] == 200
+    finally:
+        slow.close()
+        server.close()
+
+
+def test_connections_beyond_the_limit_close_the_oldest_and_a_new_scrape_is_served():
+    server = MetricsServer.bind(free_port(), snapshot_registry(full_state()), deadline_s=30.0, max_connections=4)
+    socks = []
+    for _ in range(4):  # one by one: the first is the oldest
+        socks.append(socket.create_connection(("127.0.0.1", server.port)))
+        wait_for(lambda: server.open_connections == len(socks), "the connection accepted", timeout=5)
+    try:
+        assert get(server.port)[0] == 200, "a scrape beyond the limit must be served"
+        assert _recv_closed(socks[0], 2.0), "the oldest connection makes room"
+        assert not _recv_closed(socks[3], 0.2), "the newest silent one is still open"
         t0 = time.monotonic()
-        server.close()  # four clients still connected and silent: the close does not wait for them
+        server.close()  # three clients still connected and silent: the close does not wait for them
         assert time.monotonic() - t0 < 1.0
         with socket.socket() as probe:
             assert probe.connect_ex(("127.0.0.1", server.port)) != 0, "the port must be closed"
+        assert _recv_closed(socks[3], 2.0), "the close hangs up on every client"
     finally:
         server.close()
         for sock in socks:
             sock.close()
+
+
+def test_the_server_header_names_no_version_and_a_huge_request_head_is_refused(served):
+    status, headers, _ = get(served.port)
+    assert status == 200 and headers["Server"] == "podguard", headers
+    assert "Date" in headers and "Python" not in str(headers)
+    assert get(served.port, "/nothing")[1]["Server"] == "podguard"
+    with socket.create_connection(("127.0.0.1", served.port), timeout=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 20000)  # a head that never ends
+        answer = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.0 431 "), answer[:100]
 
 
 PROMTOOL = shutil.which("promtool")
