@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 import threading
 import time
@@ -159,3 +160,28 @@ def _mkfifo(path) -> bool:
     except FileExistsError:  # (a write's temporary file of the moment)
         return False
     return True
+
+
+def test_a_fifo_put_at_the_path_mid_run_is_left_alone_and_said_once(tmp_path):
+    """Something other than a regular file appears at PATH during the run (here a FIFO): each write leaves it alone
+    (a rename would replace it), says so once, removes its temporary file; when it goes, writing resumes."""
+    from podguard.metrics.exposition import snapshot_registry
+    from podguard.metrics.state import MetricsState
+    from podguard.metrics.textfile import FileWriter
+
+    path, said = tmp_path / "podguard.prom", []
+    registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
+    writer = FileWriter(path, registry, every_s=0.05, say=said.append)
+    try:
+        path.unlink()
+        os.mkfifo(path)
+        wait_for(lambda: writer.error is not None, "a write to meet the FIFO", timeout=10)
+        time.sleep(0.3)  # several more writes
+        assert stat.S_ISFIFO(os.lstat(path).st_mode), "the FIFO must be left alone"
+        assert len(said) == 1 and "it is now a FIFO (named pipe), not a regular file" in said[0], said
+        assert [p.name for p in tmp_path.iterdir()] == ["podguard.prom"]
+        path.unlink()
+        wait_for(lambda: path.is_file(), "writing to resume", timeout=10)
+        assert said[-1] == f"--metrics-file='{path}' is written again"
+    finally:
+        writer.close()

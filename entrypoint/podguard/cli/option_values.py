@@ -3,13 +3,23 @@ value or raises UsageError with one line naming the value and what is valid."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from podguard.cli.params import choice, parse_int, seconds
 from podguard.durations import parse_duration
 from podguard.errors import UsageError
 
-__all__ = ["gpu_index", "port", "positive_seconds", "rdzv_backend", "regex", "save_grace", "save_signal"]
+__all__ = [
+    "gpu_index",
+    "metrics_file",
+    "port",
+    "positive_seconds",
+    "rdzv_backend",
+    "regex",
+    "save_grace",
+    "save_signal",
+]
 
 
 def save_signal(raw: Any) -> int | None:
@@ -75,3 +85,14 @@ def gpu_index(raw: Any) -> int:
 
 def port(raw: Any) -> int:
     return parse_int(raw, "MASTER_PORT", 1, 65535)
+
+
+def metrics_file(raw: Any) -> Path:
+    """--metrics-file: a path that is not empty (an empty PODGUARD_METRICS_FILE is unset, like every variable);
+    what is at the path is checked when the file is opened (metrics/textfile.py)."""
+    if not str(raw).strip():
+        raise UsageError(
+            f"--metrics-file={raw!r} is empty; expected the path of the textfile, "
+            "e.g. /var/lib/node_exporter/textfile/podguard.prom"
+        )
+    return Path(str(raw)).expanduser()

@@ -391,7 +391,7 @@ LAUNCH = Group(
             ("--metrics-file",),
             "Write the same metrics to PATH every 15 s, atomically (node_exporter's textfile collector: *.prom).",
             ("PODGUARD_METRICS_FILE",),
-            parse=lambda raw: None if raw in (None, "") else Path(str(raw)).expanduser(),
+            parse=lambda raw: None if raw is None else values.metrics_file(raw),
             metavar="PATH",
             panel=RUN_PANEL,
         ),

@@ -5,15 +5,19 @@
     writer.close()                                               # a last write; the file keeps its last values
 
 The file is replaced whole each time: the text goes to a hidden temporary file in the same folder, then a rename
-over the old one (atomic on one filesystem), so the collector never reads half a file. A write that fails during
-the run (a full volume, the folder gone) leaves the last whole file, removes its temporary file, says one warning
-(and one line when writing works again) and never fails the job.
+over the old one (atomic on one filesystem), so the collector never reads half a file. A rename replaces whatever
+has the name, so only a regular file (or no file yet) is ever replaced: a FIFO, a device node, a symlink, a folder
+or a socket at PATH is exit 64 at the start, naming it, and left alone if one appears there during the run. A write
+that fails during the run (a full volume, the folder gone, such a thing at PATH) leaves what is there, removes its
+temporary file, says one warning (and one line when writing works again) and never fails the job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +29,37 @@ from podguard.metrics.exposition import render
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-__all__ = ["FILE_INTERVAL_S", "FileWriter", "collector_note"]
+__all__ = ["FILE_INTERVAL_S", "FileWriter", "collector_note", "not_a_regular_file"]
 
 FILE_INTERVAL_S = 15.0  # PRODUCT.md; PODGUARD_METRICS_INTERVAL changes it (tests, a faster collector)
 CLOSE_WAIT_S = 5.0  # at the end, how long a write still in flight (a stalled network volume) is waited for
+_KINDS = (  # what a path can be besides a regular file, as said in the messages
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+EXAMPLE = "/var/lib/node_exporter/textfile/podguard.prom"
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What is at `path` when it is there and not a regular file ("a FIFO (named pipe)", "a symbolic link to
+    'x.prom'"), else None (a regular file, or nothing yet). The link itself is looked at, never its target."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # (a folder that cannot be searched: the write says why)
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    if stat.S_ISLNK(mode):
+        with contextlib.suppress(OSError):
+            kind += f" to {os.readlink(path)!r}"
+    return kind
 
 
 def collector_note(path: Path) -> str | None:
@@ -63,12 +94,17 @@ class FileWriter:
         self._write_lock = threading.Lock()  # the thread's write and close()'s last one never interleave
         self.writes = 0
         self.error: str | None = None  # why the last write failed (a full volume), until one works again
+        if (kind := not_a_regular_file(path)) is not None:
+            raise UsageError(
+                f"--metrics-file={str(path)!r} is {kind}, not a regular file; give the path of a regular file or a "
+                f"new one (it is replaced whole at each write), e.g. {EXAMPLE}"
+            )
         try:
             self.write()
         except OSError as exc:
             raise UsageError(
                 f"--metrics-file={str(path)!r} cannot be written: {exc.strerror or exc}; give a path in a writable "
-                "folder (node_exporter's --collector.textfile.directory, e.g. /var/lib/node_exporter/podguard.prom)"
+                f"folder (node_exporter's --collector.textfile.directory, e.g. {EXAMPLE})"
             ) from None
         self._thread = threading.Thread(target=self._run, name="podguard-metrics-file", daemon=True)
         self._thread.start()
@@ -81,6 +117,8 @@ class FileWriter:
             try:
                 with open(tmp, "wb") as fh:
                     fh.write(text)
+                if (kind := not_a_regular_file(self.path)) is not None:  # (put there during the run)
+                    raise OSError(errno.EEXIST, f"it is now {kind}, not a regular file, and is left alone")
                 os.replace(tmp, self.path)
             except OSError:
                 with contextlib.suppress(OSError):
