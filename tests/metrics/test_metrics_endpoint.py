@@ -110,8 +110,13 @@ def test_an_xid_mid_run_shows_in_the_counter_and_the_health_gauge_before_the_job
     proc = start(cli_node, [*args, "--", sys.executable, script, str(stop), "hold"])
     try:
         wait_for(lambda: (f := try_scrape(port)) and "podguard_rank_heartbeats" in f, "the first heartbeats", proc=proc)
-        assert "podguard_gpu_xid_errors" not in scrape(port)  # (only once an Xid came)
+        first = scrape(port)
+        assert "podguard_gpu_xid_errors" not in first  # (only once an Xid came) ...
         sc = cli_node.scenario
+        events = {("1", sc.gpus[1].uuid): 0.0, ("2", sc.gpus[2].uuid): 0.0}  # ... the per-GPU total from the start
+        assert {(s.labels["gpu"], s.labels["uuid"]): s.value for s in first["podguard_gpu_xid_events"].samples} == (
+            events
+        )
         sc.xids.append(XidSpec(gpu=1, xid=13))  # application-level: counted, the GPU stays healthy
         cli_node.write()
         wait_for(lambda: "podguard_gpu_xid_errors" in scrape(port), "the application Xid", proc=proc)
@@ -128,6 +133,8 @@ def test_an_xid_mid_run_shows_in_the_counter_and_the_health_gauge_before_the_job
             for s in fam["podguard_gpu_xid_errors"].samples
         }
         assert xids == {("1", sc.gpus[1].uuid, "13"): 1.0, ("2", sc.gpus[2].uuid, "79"): 1.0}
+        total = {(s.labels["gpu"], s.labels["uuid"]): s.value for s in fam["podguard_gpu_xid_events"].samples}
+        assert total == {("1", sc.gpus[1].uuid): 1.0, ("2", sc.gpus[2].uuid): 1.0}
         assert by(fam["podguard_gpu_healthy"], "gpu") == {"1": 1.0, "2": 0.0}
     finally:
         stop.touch()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podguard.metrics.state import GpuRow, MetricsState
+from podguard.metrics.state import GpuRow, MetricsState, Source
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
@@ -58,6 +58,14 @@ class Metrics:
             self.state.set_price(price)
         else:
             read_price_later(pod_id, self.state.set_price, self.say)
+
+    def add_source(self, source: Source) -> None:
+        """Series kept elsewhere (a row in metrics/series.py's SERIES each): see "Adding a series" there."""
+        self.state.add_source(source)
+
+    def refresh(self) -> None:
+        """Publish a source's new values now rather than at the loop's next second."""
+        self.state.refresh()
 
     def attempt(self, runtime: RuntimeWatch, *, attempt: int, mode: str, gpus: Sequence[Any]) -> MetricsWatch:
         """A launch: its number, mode and GPUs (`SelectedGpu`s); the GPU gauges hook into the run-time watch's

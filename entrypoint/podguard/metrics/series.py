@@ -1,14 +1,24 @@
-"""The series podguard exports (PRODUCT.md "Metrics where people look"): name, type, help and labels, in one table.
+"""The series podguard exports (docs/metrics.md, "The series"): name, type, help and labels, in one table.
 
 A counter's name here has no `_total`: the exposition adds it (`podguard_job_restarts` ->
 `podguard_job_restarts_total`), as Prometheus's own client does for every counter.
+
+Adding a series is a row here plus its samples from a source, with nothing else to change (the exposition, the
+endpoint and the file take every row of SERIES, in order; a row with no samples yet is left out):
+
+    Series("podguard_store_lag_seconds", "gauge", "Age of the newest local whole checkpoint not yet in the store.")
+    metrics.add_source(lambda: {"podguard_store_lag_seconds": (((), uploader.lag_s()),)})   # metrics/run.py
+
+A source is called on podguard's loop each time a snapshot is published (every second, and on
+`metrics.refresh()`); it returns {series name: ((label values in the row's order, value), ...)} and must not block.
+docs/metrics.md's table lists every row (tests/metrics/test_metrics_dashboard.py holds them equal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GPU", "GPU_GAUGES", "SERIES", "Series"]
+__all__ = ["GPU", "GPU_GAUGES", "SERIES", "Series", "names"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,12 @@ SERIES: tuple[Series, ...] = (
         "Xid errors NVML reported on each GPU during the run, by Xid (each Xid once per GPU per attempt).",
         (*GPU, "xid"),
     ),
+    Series(
+        "podguard_gpu_xid_events",
+        "counter",
+        "Xid events on each watched GPU during the run, every Xid together; 0 from the GPU's first launch on.",
+        GPU,
+    ),
     Series("podguard_gpu_utilization_ratio", "gauge", "GPU utilisation (NVML's last sample period), 0 to 1.", GPU),
     Series("podguard_gpu_memory_used_bytes", "gauge", "GPU memory in use, in bytes.", GPU),
     Series("podguard_gpu_power_watts", "gauge", "GPU power draw, in watts.", GPU),
@@ -71,3 +87,8 @@ GPU_GAUGES = {  # GpuReading field -> series
     "power": "podguard_gpu_power_watts",
     "temperature": "podguard_gpu_temperature_celsius",
 }
+
+
+def names() -> set[str]:
+    """Every sample name a scrape can have (counters with `_total`)."""
+    return {s.name + ("_total" if s.kind == "counter" else "") for s in SERIES}

@@ -4,6 +4,7 @@
     state.begin_attempt(0, "per-gpu", gpus)      # the conductor, before each launch
     state.observe(runtime)                        # the supervisor's loop (metrics/watch.py), every second
     state.read_gpus(backend)                      # the run-time watch, after its NVML fault poll (rate-limited)
+    state.add_source(lambda: {"podguard_x": (((), 1.0),)})   # series kept elsewhere (metrics/series.py)
     state.snapshot                                # what a scrape formats: one attribute read, never a lock
 
 Every update happens on podguard's threads (the loop, the price reader) under a short lock and ends by publishing
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,12 @@ if TYPE_CHECKING:
     from podguard.guards.budget import Budget
     from podguard.launch.watch.runtime import RuntimeWatch
 
-__all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot"]
+__all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot", "Source"]
 
 GPU_READ_S = 5.0  # the GPU gauges' NVML read, at most this often (4 calls per GPU)
 
 Rows = tuple[tuple[tuple[str, ...], float], ...]  # (label values, value) per sample
+Source = Callable[[], Mapping[str, Rows]]  # series kept outside this module, read at each publish
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class MetricsState:
         self._board: dict[int, tuple[int, int]] = {}  # slot -> (pid, count) as last counted, this attempt
         self._faults_seen = 0  # of this attempt's runtime.faults
         self._next_read = 0.0
+        self._sources: list[Source] = []
+        self.source_errors = 0  # source calls that raised (their series are left out of that snapshot)
         self.snapshot = Snapshot()
         self._publish()
 
@@ -150,6 +154,18 @@ class MetricsState:
             self.up = 0.0
             self._publish()
 
+    def add_source(self, source: Source) -> None:
+        """Series kept elsewhere (metrics/series.py, "Adding a series"): called at each publish, on podguard's
+        threads; it must not block. A source that raises leaves its series out of that snapshot, nothing else."""
+        with self._lock:
+            self._sources.append(source)
+            self._publish()
+
+    def refresh(self) -> None:
+        """A new snapshot now (a source's values changed and should not wait for the loop's next second)."""
+        with self._lock:
+            self._publish()
+
     def set_price(self, price: Budget | None) -> None:
         with self._lock:
             self.price = price
@@ -185,6 +201,11 @@ class MetricsState:
             out["podguard_gpu_xid_errors"] = tuple(
                 ((str(gpu), uuid, str(xid)), float(n)) for (gpu, uuid, xid), n in sorted(self.xids.items())
             )
+        if gpus:  # at 0 before any Xid: `increase()` sees the first one (a series born at 1 shows no increase)
+            events = {g.index: 0 for g in gpus}
+            for (gpu, _, _), n in self.xids.items():
+                events[gpu] = events.get(gpu, 0) + n
+            out["podguard_gpu_xid_events"] = tuple(((str(g.index), g.uuid), float(events[g.index])) for g in gpus)
         ranks = sorted(self.ranks.items(), key=lambda item: _rank_key(item[0]))
         if ranks:
             steps = tuple(((r,), float(s.step)) for r, s in ranks if s.step is not None)
@@ -195,6 +216,11 @@ class MetricsState:
             out["podguard_rank_slow"] = tuple(((r,), 1.0 if r in self.slow else 0.0) for r, _ in ranks)
         if self.last_progress is not None:
             out["podguard_job_last_progress_timestamp_seconds"] = (((), self.last_progress),)
+        for source in self._sources:
+            try:
+                out.update(source())
+            except Exception:  # a source's bug leaves its series out; the run's own series go on
+                self.source_errors += 1
         return out
 
 
