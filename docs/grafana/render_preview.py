@@ -167,6 +167,7 @@ def evaluate(prom: str, start: float, end: float) -> list[dict[str, Any]]:
             expr = (
                 target["expr"]
                 .replace('instance=~"$instance"', 'instance=~".+"')
+                .replace('job="$job"', 'job="podguard"')  # (the one source: its scrape config's job_name)
                 .replace("$__rate_interval", RATE_INTERVAL)
                 .replace("$max_cost", f"{MAX_COST:g}")
             )

@@ -104,7 +104,7 @@ def test_every_query_uses_exported_series_and_rate_only_over_counters():
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
 def test_every_query_parses_as_promql(tmp_path):
     dash = dashboard()
-    values = {**GRAFANA_VARS, "instance": ".*", "max_cost": "100"}
+    values = {**GRAFANA_VARS, "job": "podguard", "instance": ".*", "max_cost": "100"}
     rules = []
     for i, (where, expr) in enumerate(queries(dash)):
         expr = re.sub(r"^label_values\((.*), *\w+\)$", r"\1", expr)  # (Grafana's helper around a selector)
@@ -155,17 +155,82 @@ ANNOTATION_CASES = {  # annotation -> [(input series every 15 s, the values it g
 def test_the_annotations_mark_relaunches_and_faults_only(tmp_path):
     """Each annotation's PromQL evaluated by promtool's rule unit tests over series as podguard exports them."""
     annotations = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
-    values = {**GRAFANA_VARS, "instance": ".*"}
+    values = {**GRAFANA_VARS, "job": "podguard", "instance": ".*"}
     tests = []
     for name, cases in ANNOTATION_CASES.items():
         expr = re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], annotations[name])
         for series, expected in cases:
-            labels = '{instance="pod:9464",gpu="0",uuid="GPU-a",model="H100"}'
+            labels = '{instance="pod:9464",job="podguard",gpu="0",uuid="GPU-a",model="H100"}'
             inputs = [{"series": f"{metric}{labels}", "values": v} for metric, v in series.items()]
             samples = [{"labels": "{" + labels[1:], "value": v} for v in expected]
             check = {"expr": expr, "eval_time": "1m", "exp_samples": samples}
             tests.append({"interval": "15s", "input_series": inputs, "promql_expr_test": [check]})
     path = tmp_path / "annotations.json"
     path.write_text(json.dumps({"rule_files": [], "evaluation_interval": "15s", "tests": tests}))
+    run = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_podguard_selector_picks_one_source():
+    """With both --metrics-port and --metrics-file scraped, every series exists twice (`job`/`instance` of the
+    endpoint and of node_exporter): a selector without the source draws each line twice and sums stragglers twice."""
+    for where, expr in queries(dashboard()):
+        if where == "variable job":
+            continue  # (the list of sources itself)
+        for selector in re.findall(r"\bpodguard_[a-z_]+(\{[^}]*\})?", expr):
+            assert 'job="$job"' in selector, f"{where}: {expr}"
+            if where != "variable instance":
+                assert 'instance=~"$instance"' in selector, f"{where}: {expr}"
+
+
+def test_the_source_variable_is_one_scrape_job_and_prefers_the_endpoint():
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    job = variables["job"]
+    assert job["type"] == "query" and job["definition"] == "label_values(podguard_up, job)"
+    assert job["multi"] is False and job["includeAll"] is False, "one source at a time"
+    assert job["current"]["value"] == "podguard", "the docs' scrape job (the endpoint) when it is there"
+    names = [v["name"] for v in dashboard()["templating"]["list"]]
+    assert names.index("job") < names.index("instance"), "instance is listed within the source"
+    assert variables["instance"]["definition"] == 'label_values(podguard_up{job="$job"}, instance)'
+
+
+def panel_expr(title: str, values: dict[str, str]) -> str:
+    [panel] = [p for p in dashboard()["panels"] if p["title"] == title]
+    [target] = panel["targets"]
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], target["expr"])
+
+
+ENDPOINT = '{instance="pod:9464",job="podguard"}'
+FILE_COPY = '{instance="pod:9100",job="node"}'
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+def test_one_source_is_drawn_and_the_file_left_after_the_run_stops_the_progress_clock(tmp_path):
+    """promtool evaluates the panels over both copies of one run: the endpoint's (job podguard) and the textfile's
+    through node_exporter (job node), which stays after the run with podguard_up 0 and its last progress time.
+    Each panel counts one copy; after the run "Since last progress" has no value instead of growing for ever."""
+    slow = 'podguard_rank_slow{instance="%s",job="%s",rank="%s"}'
+    inputs = [
+        {"series": slow % ("pod:9464", "podguard", "0"), "values": "1x20"},
+        {"series": slow % ("pod:9464", "podguard", "1"), "values": "0x20"},
+        {"series": slow % ("pod:9100", "node", "0"), "values": "1x20"},
+        {"series": slow % ("pod:9100", "node", "1"), "values": "0x20"},
+        {"series": "podguard_job_last_progress_timestamp_seconds" + ENDPOINT, "values": "0+15x4 stale"},  # (closed)
+        {"series": "podguard_up" + ENDPOINT, "values": "1x4 stale"},
+        {"series": "podguard_job_last_progress_timestamp_seconds" + FILE_COPY, "values": "0+15x4 60x15"},
+        {"series": "podguard_up" + FILE_COPY, "values": "1x4 0x15"},  # the run ended at 1m15s
+    ]
+    checks = []
+    for job, instance in (("podguard", "pod:9464"), ("node", "pod:9100")):
+        values = {**GRAFANA_VARS, "job": job, "instance": instance}
+        stragglers = panel_expr("Stragglers now", values)
+        checks.append({"expr": stragglers, "eval_time": "1m", "exp_samples": [{"labels": "{}", "value": 1}]})
+        since = panel_expr("Since last progress", values)
+        labels = f'{{instance="{instance}",job="{job}"}}'
+        checks.append({"expr": since, "eval_time": "1m", "exp_samples": [{"labels": labels, "value": 0}]})
+        checks.append({"expr": since, "eval_time": "4m", "exp_samples": []})  # after the run: no value
+    test = {"interval": "15s", "input_series": inputs, "promql_expr_test": checks}
+    path = tmp_path / "sources.json"
+    path.write_text(json.dumps({"rule_files": [], "evaluation_interval": "15s", "tests": [test]}))
     run = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stdout + run.stderr
