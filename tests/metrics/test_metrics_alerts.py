@@ -10,28 +10,18 @@ Prometheus scraping a real run; here the edge cases that a real run cannot stage
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
+from prom_support import PROMTOOL, alert_rules
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
 
 POD = {"instance": "pod:9464", "job": "podguard"}
 NODE = {"instance": "node:9100", "job": "node"}
 GPU1 = {**POD, "gpu": "1", "uuid": "GPU-b"}
 FILE = "/var/lib/node_exporter/textfile/podguard.prom"
-
-
-def alert_rules() -> str:
-    """The rule file in docs/metrics.md (its one YAML block that starts with `groups:`)."""
-    [rules] = re.findall(r"```yaml\n(groups:.*?)```", DOCS.read_text(), re.S)
-    return rules
 
 
 def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:

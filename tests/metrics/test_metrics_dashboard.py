@@ -13,38 +13,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from prom_support import DASHBOARD, PROMTOOL, dashboard, queries
 
 from podguard.metrics.series import SERIES
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "podguard-dashboard.json"
 EXPORTED = {s.name + ("_total" if s.kind == "counter" else "") for s in SERIES}
 COUNTERS = {s.name + "_total" for s in SERIES if s.kind == "counter"}
 GRAFANA_VARS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
-PROMTOOL = shutil.which("promtool")
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
-
-
-def queries(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) of every panel target, variable query and annotation."""
-    for panel in dash["panels"]:
-        for target in panel.get("targets", []):
-            yield f"panel {panel['title']!r} {target['refId']}", target["expr"]
-    for var in dash["templating"]["list"]:
-        if var["type"] == "query":
-            yield f"variable {var['name']}", var["definition"]
-    for ann in dash["annotations"]["list"]:
-        if "expr" in ann:
-            yield f"annotation {ann['name']!r}", ann["expr"]
 
 
 def datasources(node: Any) -> Iterator[dict[str, Any]]:
