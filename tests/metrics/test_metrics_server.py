@@ -290,3 +290,26 @@ def _scraped(port: int):
     except OSError:
         return None
     return next((t for t in targets if t.get("lastScrape", "").startswith("20")), None)
+
+
+def test_a_collector_that_raises_is_a_500_and_the_next_scrape_is_served():
+    class Flaky:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def collect(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a bug")
+            return iter(())
+
+    from prometheus_client.registry import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Flaky())
+    server = MetricsServer.bind(free_port(), registry, deadline_s=FAST)
+    try:
+        assert get(server.port)[0] == 500
+        assert get(server.port)[0] == 200
+    finally:
+        server.close()

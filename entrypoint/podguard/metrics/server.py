@@ -4,8 +4,8 @@ podguard's loop.
     server = MetricsServer.bind(9464, registry)   # UsageError (64) when the port is taken or cannot be bound
     server.close()                                 # the port is closed when this returns, whatever clients do
 
-One selector loop over non-blocking sockets (docs/metrics.md, "The endpoint"): a connection costs a socket and a
-buffer, never a thread, so slow clients cannot use up what scrapes need.
+One selector loop over non-blocking sockets (docs/metrics.md, "The endpoint and bad clients"): a connection costs a
+socket and a buffer, never a thread, so slow clients cannot use up what scrapes need.
 - **A whole-request deadline**: every connection is closed DEADLINE_S after its accept, whether or not it still
   trickles bytes (a per-read timeout is no deadline: one byte every 5 s kept a connection for ever).
 - **Slots that free themselves**: at most MAX_CONNECTIONS are open; one more closes the oldest. A scrape is answered
@@ -48,7 +48,7 @@ SERVER = "podguard"  # the Server header: no version of podguard, Python or anyt
 LISTEN_BACKLOG = 128  # a burst of connections waits in the kernel, not for TCP's 1 s SYN retry
 ACCEPT_PAUSE_S = 0.1  # out of file descriptors with none of our own to close: accepting pauses this long
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Request Header Fields Too Large"}
-_REASONS |= {501: "Not Implemented", 505: "HTTP Version Not Supported"}
+_REASONS |= {500: "Internal Server Error", 501: "Not Implemented", 505: "HTTP Version Not Supported"}
 
 
 class MetricsServer:
@@ -197,7 +197,11 @@ class MetricsServer:
                 conn.answer = memoryview(_response(431, b"Request head too large\n", "text/plain; charset=utf-8"))
                 self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
             return
-        conn.answer = memoryview(self._answer(bytes(conn.head[:end])))
+        try:
+            answer = self._answer(bytes(conn.head[:end]))
+        except Exception:  # a collector's bug: this scrape is a 500, the endpoint goes on serving the next
+            answer = _response(500, b"podguard could not format its metrics\n", "text/plain; charset=utf-8")
+        conn.answer = memoryview(answer)
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
 
     def _write(self, conn: _Conn) -> None:
