@@ -43,6 +43,7 @@ UNITS = {
     "currencyUSD": (1.0, "USD"),
     "none": (1.0, "steps/s"),
 }
+COLORS = {"green": "#73bf69", "blue": "#5794f2", "red": "#f2495c", "orange": "#ff9830"}  # Grafana's named colours
 KEY = "rpa_PREVIEWKEY0123456789abcdefghijklmnopqrstuv"  # the stand-in's, not a real key
 JOB = """
 import os, signal, sys, time
@@ -184,8 +185,19 @@ def evaluate(prom: str, start: float, end: float) -> list[dict[str, Any]]:
                 "grid": panel["gridPos"],
                 "series": series,
                 "unit": panel["fieldConfig"]["defaults"].get("unit", ""),
+                "mappings": mapped(panel["fieldConfig"]["defaults"].get("mappings", [])),
+                "no_value": panel["fieldConfig"]["defaults"].get("noValue", "-"),
             }
         )
+    return out
+
+
+def mapped(mappings: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """A stat panel's value mappings, {"0": {"text": ..., "color": ...}} (Grafana's "value" type only)."""
+    out: dict[str, dict[str, str]] = {}
+    for mapping in mappings:
+        if mapping.get("type") == "value":
+            out.update(mapping["options"])
     return out
 
 
@@ -272,15 +284,20 @@ def stat(ax: Any, panel: dict[str, Any]) -> None:
                 transform=ax.transAxes,
             )
         return
-    unit = panel["unit"]
-    text = "  ".join(fmt_value(v, unit) if panel["title"] != "podguard" else n for n, v in items) or "-"
+    unit, mappings, color = panel["unit"], panel.get("mappings", {}), "#73bf69"
+    if mappings and items:  # a value mapping (the Run panel: running / ended) names the value and colours it
+        shown = mappings.get(f"{items[-1][1]:g}", {})
+        text, color = shown.get("text", fmt_value(items[-1][1], unit)), COLORS.get(shown.get("color", ""), color)
+    else:
+        text = "  ".join(fmt_value(v, unit) if panel["title"] != "podguard" else n for n, v in items)
+        text = text or panel.get("no_value", "-")
     ax.text(
         0.5,
         0.45,
         text,
         ha="center",
         va="center",
-        color="#73bf69",
+        color=color,
         fontsize=16 if len(text) < 12 else 9,
         transform=ax.transAxes,
     )
