@@ -2,10 +2,13 @@
 
     python bench/bench_checkpoints.py [--quick]
 
-1. The finder on 1,000 Hugging Face `checkpoint-<N>/` folders, each with a 100 MB `model.safetensors` (sparse:
-   a real header, then a hole) and a `trainer_state.json`: 100 GB in all. Median of 5 `find_checkpoints` calls
-   (page cache warm, as on a restart), and the bytes the process read for one call (/proc/self/io); then what a
-   restart and a save-wait poll cost (judging newest first until the first whole one / only what is new).
+1. The finder on 1,000 Hugging Face `checkpoint-<N>/` folders laid out as a real Trainer writes them: a 100 MB
+   `model.safetensors` (sparse: a real header naming 148 tensors, then a hole), config.json,
+   generation_config.json, an AdamW `optimizer.pt` (444 zip records), scheduler.pt, rng_state.pth,
+   training_args.bin and a `trainer_state.json` with a log entry every 10 steps (889 MB of them in all): 101 GB.
+   `find_checkpoints` judging all of them (median of 3, page cache warm, as on a restart) and the bytes it read
+   (/proc/self/io); a restart (newest first until the first whole one) and a save-wait poll (only the new);
+   `podguard checkpoints DIR` and `--json` as whole processes (median of 3).
 2. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
 3. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
    `--save-signal USR1`: the steps the next run redoes = the last step done - the step it resumes from.
