@@ -164,3 +164,49 @@ def test_an_hf_checkpoint_killed_after_its_weights_names_the_missing_trainer_sta
     _hf_half(tmp_path / "checkpoint-600")
     f = find_checkpoints(tmp_path)
     assert f.skipped[0].why == "no trainer_state.json (the Trainer writes it last: the save did not finish)"
+
+
+HF_KILLED_IN_SAVE = """
+import os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+import transformers.modeling_utils as modeling_utils
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+real, saves = modeling_utils.safe_save_file, []
+
+
+def save_file(*args, **kwargs):  # the second save dies as it starts writing the weights (a kill, an OOM)
+    saves.append(1)
+    if len(saves) == 2:
+        os._exit(9)
+    return real(*args, **kwargs)
+
+
+modeling_utils.safe_save_file = save_file  # (save_pretrained writes the weights with it)
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16))
+ids = torch.randint(0, 32, (64, 8))
+args = TrainingArguments(output_dir=sys.argv[1], max_steps=4, save_steps=2, per_device_train_batch_size=4,
+                         report_to="none", use_cpu=True, disable_tqdm=True)
+Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids]).train()
+"""
+
+
+def test_a_real_hf_trainer_killed_in_its_save_leaves_a_folder_that_is_named_as_skipped(tmp_path):
+    pytest.importorskip("transformers")
+    script = tmp_path / "killed.py"
+    script.write_text(HF_KILLED_IN_SAVE)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    assert sorted(os.listdir(out / "checkpoint-4")) == ["config.json", "generation_config.json"]
+    f = find_checkpoints(out)
+    assert [(c.name, c.whole) for c in f.checkpoints] == [("checkpoint-4", False), ("checkpoint-2", True)]
+    assert resume_lines(f, now=0.0)[0] == (
+        "skipping checkpoint-4: only config.json, generation_config.json in it: the save did not finish "
+        "(no weights, no trainer_state.json)"
+    )
+    assert resume_env(f)["PODGUARD_RESUME_FROM"] == str(out / "checkpoint-2")
