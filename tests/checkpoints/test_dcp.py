@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -158,3 +159,50 @@ def test_rank_local_metadata_without_collectives(tmp_path):
     assert (c.layout, c.whole) == (Layout.DCP, True), c.why
     (folder / "__1.metadata").unlink()
     assert only(root).why == "no __1.metadata for __1_0.distcp (rank 1's save did not finish)"
+
+
+TWO_RANKS = """
+import os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=rank, world_size=2)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+model = torch.nn.parallel.DistributedDataParallel(model)
+optim = torch.optim.AdamW(model.parameters())
+model(torch.randn(8, 64)).sum().backward()
+optim.step()
+model_state, optim_state = get_state_dict(model, optim)
+dcp.save({"model": model_state, "optim": optim_state, "step": 40}, checkpoint_id=sys.argv[3])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_two_rank_save_with_gloo_is_whole_and_a_rank_file_missing_is_named(tmp_path):
+    """Two real ranks (gloo): DCP writes one file per rank that has items to write, and `.metadata` names each."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    folder = tmp_path / "ckpt" / "step_40"
+    store = tmp_path / "store"
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(rank), str(store), str(folder)], stderr=subprocess.PIPE)
+        for rank in (0, 1)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode()[-3000:]
+    files = dcp_files(str(folder / ".metadata"))
+    assert sorted(files) == sorted(p.name for p in shards(folder)) and files
+    c = only(tmp_path / "ckpt")
+    assert (c.layout, c.step, c.whole) == (Layout.DCP, 40, True)
+    last = sorted(files)[-1]
+    (folder / last).unlink()
+    assert (
+        only(tmp_path / "ckpt").why == f"{last} is missing (.metadata names {len(files)} file{'s' * (len(files) > 1)})"
+    )

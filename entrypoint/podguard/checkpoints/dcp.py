@@ -24,7 +24,6 @@ code named in the file runs and torch is never imported.
 
 from __future__ import annotations
 
-import io
 import pickle
 import re
 from typing import Any
@@ -55,6 +54,15 @@ class _Inert:
         if isinstance(state, dict):
             self.__dict__.update(state)
 
+    def __setitem__(self, key: Any, value: Any) -> None:  # a dict subclass (OrderedDict) filled item by item
+        self.__dict__.setdefault("items", {})[key] = value
+
+    def append(self, value: Any) -> None:  # a list subclass filled item by item
+        self.__dict__.setdefault("values", []).append(value)
+
+    def extend(self, values: Any) -> None:
+        self.__dict__.setdefault("values", []).extend(values)
+
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
@@ -69,11 +77,9 @@ def dcp_files(path: str) -> dict[str, int]:
     the file does not unpickle (cut short) or names no files (not DCP metadata)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            metadata = _Unpickler(f).load()  # (streamed: a large run's index is hundreds of MB)
     except OSError as exc:
         raise Unreadable(f"cannot be read ({exc.strerror})") from None
-    try:
-        metadata = _Unpickler(io.BytesIO(data)).load()
     except Exception:  # any malformed pickle: cut short, or not a pickle at all
         raise Unreadable("does not read (cut short?)") from None
     storage = getattr(metadata, "__dict__", {}).get("storage_data") if isinstance(metadata, _Inert) else None
