@@ -2,7 +2,7 @@
 (why, note): why is "" for a whole folder.
 
     tree = read_tree(path)          # the files under a folder (3 levels at most): relative name -> (size, mtime)
-    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, its weights and every
+    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json all there, its weights and every
                                     # torch.save / safetensors file in it (optimizer.pt, ...) are whole
     dcp_why(tree, "", path)         # torch DCP (dcp.py): .metadata names files that are all there, long enough
     accelerate_why(path, tree)      # accelerator.save_state: random_states_0.pkl (written last), files whole

@@ -9,7 +9,7 @@ DIR is created, changed, moved or deleted.
     find_checkpoints(d, skip=finding.keys)  # judge only what is new or changed since `finding` (or list_keys(d))
 
 Two steps: the listing (names, sizes, mtimes, tracker files: cheap) ranks the checkpoints; the judgement (header
-reads, trainer_state.json's parse) runs only where asked, so a restart costs one judgement, not one per checkpoint
+reads, the ends of trainer_state.json) runs only where asked, so a restart costs one judgement, not one per checkpoint
 (an HF trainer_state.json with a long log_history is megabytes of JSON).
 
 Newest: the highest step (then the newest mtime); a checkpoint without a step never outranks one with a step (an
