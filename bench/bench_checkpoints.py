@@ -9,8 +9,9 @@
    `find_checkpoints` judging all of them (median of 3, page cache warm, as on a restart) and the bytes it read
    (/proc/self/io); a restart (newest first until the first whole one) and a save-wait poll (only the new);
    `podguard checkpoints DIR` and `--json` as whole processes (median of 3).
-2. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
-3. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
+2. The finder on 100 torch DCP folders (148 parameters with their AdamW state: `.metadata` is unpickled, inertly).
+3. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
+4. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
    `--save-signal USR1`: the steps the next run redoes = the last step done - the step it resumes from.
    `--quick` skips it.
 """
@@ -211,6 +212,44 @@ def finder(root: Path, log_every: int, tensors: int) -> None:
         )
 
 
+def dcp_checkpoints(root: Path, count: int, tensors: int) -> None:
+    """`count` torch DCP folders (`step_<N>/`), each a real `dcp.save` of `tensors` parameters with their AdamW
+    state through `get_state_dict` (3 x `tensors` items in `.metadata`): the finder judging all, and one."""
+    import warnings
+
+    import torch  # lazy: only the benchmark writes torch files
+    import torch.distributed.checkpoint as dcp  # lazy: as above
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: as above
+
+    params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(tensors)]
+    model = torch.nn.ParameterList(params)
+    optim = torch.optim.AdamW(model.parameters())
+    for p in params:
+        p.grad = torch.ones(4)
+    optim.step()
+    model_state, optim_state = get_state_dict(model, optim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no process group: DCP says it saves in a single process)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(root / "step_100"))
+    template = {p.name: p.read_bytes() for p in (root / "step_100").iterdir()}
+    for i in range(2, count + 1):
+        folder = root / f"step_{i * 100}"
+        folder.mkdir()
+        for name, data in template.items():
+            (folder / name).write_bytes(data)
+    meta = len(template[".metadata"])
+    finding = find_checkpoints(root)
+    assert len(finding.checkpoints) == count and all(c.whole for c in finding.checkpoints)
+    times = timed(lambda: find_checkpoints(root), 3)
+    one = timed(lambda: find_checkpoints(root, until_whole=True), 5)
+    print(f"2. finder: {count} torch DCP checkpoints ({tensors} tensors and their AdamW state: a {meta / 1000:.0f} KB")
+    print(
+        f"   .metadata each): judging all median {statistics.median(times) * 1000:.0f} ms "
+        f"({statistics.median(times) / count * 1000:.1f} ms each); the newest whole one "
+        f"{statistics.median(one) * 1000:.0f} ms"
+    )
+
+
 def big_file(root: Path) -> None:
     path = root / "model-2gb.safetensors"
     sparse_safetensors(path, 2 * 1000**3)
@@ -219,7 +258,7 @@ def big_file(root: Path) -> None:
     why = safetensors_why(str(path))
     took = time.perf_counter() - t0
     got = read_bytes() - before
-    print(f"2. 2 GB safetensors: whole={why == ''} in {took * 1e6:.0f} us, {got} bytes read")
+    print(f"3. 2 GB safetensors: whole={why == ''} in {took * 1e6:.0f} us, {got} bytes read")
     with open(path, "r+b") as f:
         f.truncate(1_200_000_000)
     t0 = time.perf_counter()
@@ -266,13 +305,15 @@ def main() -> None:
     try:
         (root / "many").mkdir()
         finder(root / "many", LOG_EVERY, TENSORS)
+        (root / "dcp").mkdir()
+        dcp_checkpoints(root / "dcp", 100, TENSORS)
         big_file(root)
         if quick:
             return
         node = fake_node()
         try:
             env = node_env(node, LD_LIBRARY_PATH="")
-            print("3. work lost on a --max-runtime stop (demo job, 2 gloo ranks, --save-every 500):")
+            print("4. work lost on a --max-runtime stop (demo job, 2 gloo ranks, --save-every 500):")
             for save in (False, True):
                 done, resumed, guard = lost_steps(env, root, save, 12.0)
                 label = "with --save-signal USR1" if save else "without --save-signal  "

@@ -24,6 +24,7 @@ code named in the file runs and torch is never imported.
 
 from __future__ import annotations
 
+import gc
 import pickle
 import re
 from typing import Any
@@ -49,6 +50,9 @@ class _Inert:
         self.args = args
 
     def __setstate__(self, state: Any) -> None:
+        if type(state) is dict:  # (the hot path: one call per object of the pickle)
+            self.__dict__.update(state)
+            return
         if isinstance(state, tuple) and len(state) == 2:  # (dict state, slots state)
             state = {**(state[0] or {}), **(state[1] or {})}
         if isinstance(state, dict):
@@ -75,6 +79,8 @@ class _Unpickler(pickle.Unpickler):
 def dcp_files(path: str) -> dict[str, int]:
     """The files a DCP metadata file names, each with where its last item ends (offset + length); Unreadable when
     the file does not unpickle (cut short) or names no files (not DCP metadata)."""
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of small objects and no cycle among them: the collector would double the cost
     try:
         with open(path, "rb") as f:
             metadata = _Unpickler(f).load()  # (streamed: a large run's index is hundreds of MB)
@@ -82,6 +88,9 @@ def dcp_files(path: str) -> dict[str, int]:
         raise Unreadable(f"cannot be read ({exc.strerror})") from None
     except Exception:  # any malformed pickle: cut short, or not a pickle at all
         raise Unreadable("does not read (cut short?)") from None
+    finally:
+        if collecting:
+            gc.enable()
     storage = getattr(metadata, "__dict__", {}).get("storage_data") if isinstance(metadata, _Inert) else None
     ends: dict[str, int] = {}
     if isinstance(storage, dict):
