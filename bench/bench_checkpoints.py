@@ -2,12 +2,16 @@
 
     python bench/bench_checkpoints.py [--quick]
 
-1. The finder on 1,000 Hugging Face `checkpoint-<N>/` folders, each with a 100 MB `model.safetensors` (sparse:
-   a real header, then a hole) and a `trainer_state.json`: 100 GB in all. Median of 5 `find_checkpoints` calls
-   (page cache warm, as on a restart), and the bytes the process read for one call (/proc/self/io); then what a
-   restart and a save-wait poll cost (judging newest first until the first whole one / only what is new).
-2. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
-3. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
+1. The finder on 1,000 Hugging Face `checkpoint-<N>/` folders laid out as a real Trainer writes them: a 100 MB
+   `model.safetensors` (sparse: a real header naming 148 tensors, then a hole), config.json,
+   generation_config.json, an AdamW `optimizer.pt` (444 zip records), scheduler.pt, rng_state.pth,
+   training_args.bin and a `trainer_state.json` with a log entry every 10 steps (889 MB of them in all): 101 GB.
+   `find_checkpoints` judging all of them (median of 3, page cache warm, as on a restart) and the bytes it read
+   (/proc/self/io); a restart (newest first until the first whole one) and a save-wait poll (only the new);
+   `podguard checkpoints DIR` and `--json` as whole processes (median of 3).
+2. The finder on 100 torch DCP folders (148 parameters with their AdamW state: `.metadata` is unpickled, inertly).
+3. One 2 GB safetensors file (sparse): judged from its header alone (time and bytes read), whole and cut short.
+4. Work lost when `--max-runtime` ends the demo job (2 gloo ranks, `--save-every 500`), with and without
    `--save-signal USR1`: the steps the next run redoes = the last step done - the step it resumes from.
    `--quick` skips it.
 """
@@ -25,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import PODGUARD, ROOT, fake_node, node_env
+from _common import PODGUARD, ROOT, compile_bytecode, fake_node, node_env, time_process
 
 sys.path.insert(0, str(ROOT / "entrypoint"))
 
@@ -34,13 +38,22 @@ from podguard.checkpoints.files import safetensors_why
 
 CHECKPOINTS = 1000
 EACH = 100 * 1000 * 1000  # bytes per model.safetensors (sparse)
+LOG_EVERY = 10  # steps between two log_history entries (HF's logging_steps), checkpoints every 100 steps
+TENSORS = 148  # GPT-2's parameter count: safetensors header entries, optimizer.pt records (x3)
 
 
-def sparse_safetensors(path: Path, total: int) -> None:
-    """A valid safetensors file of `total` bytes: one uint8 tensor filling the data, written as a hole."""
-    n_guess = 128
+def sparse_safetensors(path: Path, total: int, tensors: int = 1) -> None:
+    """A valid safetensors file of `total` bytes: `tensors` uint8 tensors filling the data, written as a hole."""
+    n_guess = 128 + 112 * tensors
     data = total - 8 - n_guess
-    header = json.dumps({"w": {"dtype": "U8", "shape": [data], "data_offsets": [0, data]}}).encode()
+    each = data // tensors
+    spans = [(i * each, data if i == tensors - 1 else (i + 1) * each) for i in range(tensors)]
+    layers = {
+        f"transformer.h.{i}.weight": {"dtype": "U8", "shape": [e - b], "data_offsets": [b, e]}
+        for i, (b, e) in enumerate(spans)
+    }
+    header = json.dumps(layers).encode()
+    assert len(header) <= n_guess
     header = header.ljust(n_guess, b" ")  # the spec allows trailing spaces in the header
     with open(path, "wb") as f:
         f.write(len(header).to_bytes(8, "little") + header)
@@ -61,37 +74,180 @@ def read_bytes() -> int:
     return _rchar() - PROBE_COST
 
 
-def finder(root: Path) -> None:
-    for step in range(1, CHECKPOINTS + 1):
-        folder = root / f"checkpoint-{step * 10}"
+def hf_template(root: Path, tensors: int) -> dict[str, bytes]:
+    """The files a real Trainer writes beside the weights (transformers `_save_checkpoint`), once: an AdamW state
+    for `tensors` parameters (torch.save: one zip record per tensor, as in a real model's optimizer.pt), the
+    scheduler, the RNG states and the training arguments. Small tensors: the zip's directory is what is judged."""
+    import torch  # lazy: only the benchmark writes torch files
+
+    params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(tensors)]
+    optim = torch.optim.AdamW(params)
+    for p in params:
+        p.grad = torch.ones(4)
+    optim.step()
+    files = {
+        "optimizer.pt": optim.state_dict(),
+        "scheduler.pt": {"last_epoch": 1, "_step_count": 2, "base_lrs": [5e-5]},
+        "rng_state.pth": {"python": 1, "numpy": 2, "cpu": torch.get_rng_state()},
+        "training_args.bin": {"output_dir": str(root), "save_steps": 100},
+    }
+    out = {}
+    for name, obj in files.items():
+        torch.save(obj, root / name)
+        out[name] = (root / name).read_bytes()
+        (root / name).unlink()
+    return out
+
+
+def trainer_state(step: int, log_every: int, entries: list[str]) -> str:
+    """trainer_state.json as `TrainerState.save_to_json` writes it (indent=2, sorted keys), with one log entry
+    per `log_every` steps up to `step` (its log_history is what makes a long run's file megabytes)."""
+    head = {
+        "best_global_step": None,
+        "best_metric": None,
+        "best_model_checkpoint": None,
+        "epoch": step / 1e5,
+        "eval_steps": 500,
+        "global_step": step,
+        "is_hyper_param_search": False,
+        "is_local_process_zero": True,
+        "is_world_process_zero": True,
+        "log_history": [],
+        "logging_steps": log_every,
+        "max_steps": 100_000,
+        "num_input_tokens_seen": 0,
+        "num_train_epochs": 1,
+        "save_steps": 100,
+        "stateful_callbacks": {},
+        "total_flos": 1.0e15,
+        "train_batch_size": 8,
+        "trial_name": None,
+        "trial_params": None,
+    }
+    text = json.dumps(head, indent=2, sort_keys=True) + "\n"
+    count = step // log_every
+    if count:
+        text = text.replace('"log_history": []', '"log_history": [\n' + ",\n".join(entries[:count]) + "\n  ]")
+    return text
+
+
+def log_entries(n: int, log_every: int) -> list[str]:
+    out = []
+    for i in range(1, n + 1):
+        entry = {
+            "epoch": i * log_every / 1e5,
+            "grad_norm": 1.0 / i,
+            "learning_rate": 5e-5 * (1 - i / (n + 1)),
+            "loss": 2.0 + 1.0 / i,
+            "step": i * log_every,
+        }
+        out.append("\n".join("    " + line for line in json.dumps(entry, indent=2, sort_keys=True).splitlines()))
+    return out
+
+
+def hf_checkpoints(root: Path, count: int, log_every: int, tensors: int) -> None:
+    """`count` checkpoint-<N>/ folders (every 100 steps) as a real Trainer lays them out: a 100 MB
+    model.safetensors (a real header naming `tensors` tensors, then a hole), config.json,
+    generation_config.json, optimizer.pt, scheduler.pt, rng_state.pth, training_args.bin, trainer_state.json."""
+    template = hf_template(root, tensors)
+    entries = log_entries(count * 100 // log_every, log_every)
+    for i in range(1, count + 1):
+        step = i * 100
+        folder = root / f"checkpoint-{step}"
         folder.mkdir()
-        sparse_safetensors(folder / "model.safetensors", EACH)
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step * 10}))
-    logical = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-    on_disk = sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+        sparse_safetensors(folder / "model.safetensors", EACH, tensors)
+        (folder / "config.json").write_text('{"model_type": "gpt2"}')
+        (folder / "generation_config.json").write_text("{}")
+        for name, data in template.items():
+            (folder / name).write_bytes(data)
+        (folder / "trainer_state.json").write_text(trainer_state(step, log_every, entries))
+
+
+def timed(fn, repeats: int) -> list[float]:
     times = []
-    for _ in range(5):
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        finding = find_checkpoints(root)
+        fn()
         times.append(time.perf_counter() - t0)
-    before = read_bytes()
+    return times
+
+
+def finder(root: Path, log_every: int, tensors: int) -> None:
+    hf_checkpoints(root, CHECKPOINTS, log_every, tensors)
+    files = [p for p in root.rglob("*") if p.is_file()]
+    logical = sum(p.stat().st_size for p in files)
+    on_disk = sum(p.stat().st_blocks * 512 for p in files)
+    state = sum((root / f"checkpoint-{i * 100}" / "trainer_state.json").stat().st_size for i in range(1, 1001))
+    print(f"1. finder: {CHECKPOINTS} HF checkpoints, {logical / 1e9:.0f} GB logical ({on_disk / 1e6:.0f} MB on disk;")
+    print(f"   trainer_state.json {state / 1e6:.0f} MB in all: a log entry every {log_every} steps; {tensors} tensors)")
     finding = find_checkpoints(root)
+    assert finding.chosen is not None and finding.chosen.step == CHECKPOINTS * 100, finding.chosen
+    assert len(finding.checkpoints) == CHECKPOINTS and all(c.whole for c in finding.checkpoints)
+    before = read_bytes()
+    find_checkpoints(root)
     got = read_bytes() - before
-    assert finding.chosen is not None and finding.chosen.step == CHECKPOINTS * 10 and len(finding.checkpoints) == 1000
-    size = f"{logical / 1e9:.0f} GB logical ({on_disk / 1e6:.0f} MB on disk)"
-    print(f"1. finder: {len(finding.checkpoints)} checkpoints, {size}")
-    print(f"   find_checkpoints: median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms")
-    print(f"   read per call: {got / 1000:.0f} KB ({got / len(finding.checkpoints):.0f} B per checkpoint)")
-    for what, kwargs in (
-        ("before an attempt (until_whole)", {"until_whole": True}),
-        ("a save-wait poll (only the new)", {"until_whole": True, "skip": finding.keys}),
-    ):
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            find_checkpoints(root, **kwargs)
-            times.append(time.perf_counter() - t0)
-        print(f"   {what}: median {statistics.median(times) * 1000:.0f} ms")
+    times = timed(lambda: find_checkpoints(root), 3)
+    print(
+        f"   judging all (find_checkpoints): median {statistics.median(times) * 1000:.0f} ms, "
+        f"{got / 1e6:.1f} MB read ({got / CHECKPOINTS / 1000:.1f} KB per checkpoint)"
+    )
+    before = read_bytes()
+    find_checkpoints(root, until_whole=True)
+    got = read_bytes() - before
+    times = timed(lambda: find_checkpoints(root, until_whole=True), 5)
+    print(
+        f"   before an attempt (the newest whole one): median {statistics.median(times) * 1000:.0f} ms, "
+        f"{got / 1000:.0f} KB read"
+    )
+    times = timed(lambda: find_checkpoints(root, until_whole=True, skip=finding.keys), 5)
+    print(f"   a save-wait poll (only the new): median {statistics.median(times) * 1000:.0f} ms")
+    compile_bytecode()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "entrypoint")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for extra in ([], ["--json"]):
+        argv = [*PODGUARD, "checkpoints", str(root), *extra]
+        times = [time_process(argv, env) for _ in range(3)]
+        print(
+            f"   `podguard checkpoints DIR {' '.join(extra)}`: median {statistics.median(times):.2f} s (whole process)"
+        )
+
+
+def dcp_checkpoints(root: Path, count: int, tensors: int) -> None:
+    """`count` torch DCP folders (`step_<N>/`), each a real `dcp.save` of `tensors` parameters with their AdamW
+    state through `get_state_dict` (3 x `tensors` items in `.metadata`): the finder judging all, and one."""
+    import warnings
+
+    import torch  # lazy: only the benchmark writes torch files
+    import torch.distributed.checkpoint as dcp  # lazy: as above
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: as above
+
+    params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(tensors)]
+    model = torch.nn.ParameterList(params)
+    optim = torch.optim.AdamW(model.parameters())
+    for p in params:
+        p.grad = torch.ones(4)
+    optim.step()
+    model_state, optim_state = get_state_dict(model, optim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no process group: DCP says it saves in a single process)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(root / "step_100"))
+    template = {p.name: p.read_bytes() for p in (root / "step_100").iterdir()}
+    for i in range(2, count + 1):
+        folder = root / f"step_{i * 100}"
+        folder.mkdir()
+        for name, data in template.items():
+            (folder / name).write_bytes(data)
+    meta = len(template[".metadata"])
+    finding = find_checkpoints(root)
+    assert len(finding.checkpoints) == count and all(c.whole for c in finding.checkpoints)
+    times = timed(lambda: find_checkpoints(root), 3)
+    one = timed(lambda: find_checkpoints(root, until_whole=True), 5)
+    print(f"2. finder: {count} torch DCP checkpoints ({tensors} tensors and their AdamW state: a {meta / 1000:.0f} KB")
+    print(
+        f"   .metadata each): judging all median {statistics.median(times) * 1000:.0f} ms "
+        f"({statistics.median(times) / count * 1000:.1f} ms each); the newest whole one "
+        f"{statistics.median(one) * 1000:.0f} ms"
+    )
 
 
 def big_file(root: Path) -> None:
@@ -102,7 +258,7 @@ def big_file(root: Path) -> None:
     why = safetensors_why(str(path))
     took = time.perf_counter() - t0
     got = read_bytes() - before
-    print(f"2. 2 GB safetensors: whole={why == ''} in {took * 1e6:.0f} us, {got} bytes read")
+    print(f"3. 2 GB safetensors: whole={why == ''} in {took * 1e6:.0f} us, {got} bytes read")
     with open(path, "r+b") as f:
         f.truncate(1_200_000_000)
     t0 = time.perf_counter()
@@ -148,14 +304,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="podguard-bench-ckpt-"))
     try:
         (root / "many").mkdir()
-        finder(root / "many")
+        finder(root / "many", LOG_EVERY, TENSORS)
+        (root / "dcp").mkdir()
+        dcp_checkpoints(root / "dcp", 100, TENSORS)
         big_file(root)
         if quick:
             return
         node = fake_node()
         try:
             env = node_env(node, LD_LIBRARY_PATH="")
-            print("3. work lost on a --max-runtime stop (demo job, 2 gloo ranks, --save-every 500):")
+            print("4. work lost on a --max-runtime stop (demo job, 2 gloo ranks, --save-every 500):")
             for save in (False, True):
                 done, resumed, guard = lost_steps(env, root, save, 12.0)
                 label = "with --save-signal USR1" if save else "without --save-signal  "

@@ -39,6 +39,7 @@ def test_json_and_an_empty_dir_are_exit_0(tmp_path):
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == {
         "directory": str(tmp_path),
+        "unreadable": None,
         "resume_from": None,
         "resume_step": None,
         "checkpoints": [],
@@ -79,7 +80,7 @@ def as_user(tmp_path):
         shutil.rmtree(root)
 
 
-def test_an_unreadable_checkpoint_is_named_and_an_unreadable_dir_is_64_in_one_line(as_user):
+def test_an_unreadable_checkpoint_is_named_and_an_unreadable_dir_is_a_warning_not_64(as_user):
     root, prefix = as_user
     ckpt = root / "ckpt"
     for step in (100, 200):
@@ -92,7 +93,29 @@ def test_an_unreadable_checkpoint_is_named_and_an_unreadable_dir_is_64_in_one_li
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].endswith("no: checkpoint-200 cannot be read (Permission denied)")
     assert proc.stdout.splitlines()[-1] == f"a restart would resume from {ckpt / 'checkpoint-100'} (*)"
-    ckpt.chmod(0)
+    ckpt.chmod(0)  # what `train` does before each attempt: a warning, and a start from scratch (never 64)
     proc = subprocess.run(cli, capture_output=True, text=True)
-    assert proc.returncode == 64 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == f"podguard: error: checkpoints DIR='{ckpt}' cannot be read (Permission denied)"
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    why = "(Permission denied): a restart would start from scratch"
+    assert proc.stderr.strip() == f"podguard: warning: cannot read {ckpt} {why}"
+    assert proc.stdout.splitlines() == [f"cannot read {ckpt} (Permission denied)", "a restart would start from scratch"]
+    proc = subprocess.run([*cli, "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    data = json.loads(proc.stdout)
+    assert (data["unreadable"], data["resume_from"], data["checkpoints"]) == ("Permission denied", None, [])
+
+
+@pytest.mark.parametrize("bad", ["", " "])
+def test_an_empty_dir_argument_is_64_in_one_line(bad):
+    proc = podguard(bad)
+    assert proc.returncode == 64
+    assert proc.stderr.strip() == (
+        f"podguard: error: checkpoints DIR={bad!r} is empty (an unset variable?); give the folder the job writes "
+        "its checkpoints to"
+    )
+
+
+def test_a_dir_that_is_a_file_is_64(tmp_path):
+    (tmp_path / "f").write_text("")
+    proc = podguard(str(tmp_path / "f"))
+    assert proc.returncode == 64 and "is not a folder" in proc.stderr

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
 
 HF_JOB = """
-import os, sys, time, warnings
+import os, signal, sys, time, warnings
+# A save request that comes before the callback's handler exists would kill the job (SIGUSR1's default action):
+# on a busy machine the imports below can outlast --max-runtime. Blocked, it waits for the handler instead.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 warnings.filterwarnings("ignore")
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -54,6 +57,7 @@ args = TrainingArguments(
     use_cpu=True, logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
 )
 trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[PodguardCallback(), Report()])
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})  # the handler is in place: an early request lands
 print(f"resume from {resume_from()}", flush=True)
 trainer.train(resume_from_checkpoint=resume_from())
 print(f"done at step {trainer.state.global_step}", flush=True)
@@ -92,11 +96,17 @@ def test_a_crashed_trainer_resumes_from_its_last_checkpoint_and_its_step_counter
 
 
 def test_the_callback_saves_on_the_save_signal_before_max_runtime_ends_the_trainer(cli_node, tmp_path):
+    """On a busy machine the job may still be importing when --max-runtime comes: its save request then waits
+    (blocked) for the callback, and the save grace is a deadline generous enough for a loaded machine (podguard
+    ends the wait as soon as the checkpoint is whole)."""
     out = tmp_path / "out"
     job = script(tmp_path, "hf_job.py", HF_JOB)
-    args = ["run", "--checkpoints", str(out), "--save-signal", "USR1", "--max-runtime", "8s", "--save-grace", "30s"]
+    args = ["run", "--checkpoints", str(out), "--save-signal", "USR1", "--max-runtime", "8s", "--save-grace", "150s"]
     proc = run_podguard(
-        cli_node, [*args, "--", sys.executable, job, str(out), "100000", "-1", "0.05", "100000"], cpu=True
+        cli_node,
+        [*args, "--", sys.executable, job, str(out), "100000", "-1", "0.05", "100000"],
+        cpu=True,
+        timeout=300,
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 124, text[-4000:]

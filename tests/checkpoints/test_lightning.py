@@ -101,3 +101,37 @@ def test_lightnings_last_ckpt_gets_its_step_from_its_metadata(tmp_path, save_las
     assert resume_env(finding)["PODGUARD_RESUME_STEP"] == "10"
     names = [c.name for c in finding.checkpoints]
     assert names == (["last.ckpt"] if save_last is True else []) + ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt"]
+
+
+class SaveEma(L.Callback):
+    """A callback's weights-only file, written after the last ModelCheckpoint save (no step in its name)."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module):
+        torch.save(pl_module.state_dict(), self.path)
+
+
+def test_a_weights_only_ema_pt_written_after_the_last_save_is_not_the_resume_point(tmp_path, monkeypatch):
+    """Resuming Lightning from `ema.pt` fails (`KeyError: 'pytorch-lightning_version'`) on every relaunch: the
+    newest checkpoint with a step, `epoch=0-step=10.ckpt`, is the one handed over, and the fit goes on from it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from podguard.rank import resume_from
+
+    ckpt = tmp_path / "ckpt"
+    every = ModelCheckpoint(dirpath=ckpt, every_n_train_steps=5, save_top_k=-1)
+    fit(tmp_path, 10, [every, SaveEma(ckpt / "ema.pt")])
+    assert (ckpt / "ema.pt").stat().st_mtime >= (ckpt / "epoch=0-step=10.ckpt").stat().st_mtime
+    finding = find_checkpoints(ckpt)
+    assert [c.name for c in finding.checkpoints] == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt", "ema.pt"]
+    env = resume_env(finding)
+    assert env == {"PODGUARD_RESUME_FROM": str(ckpt / "epoch=0-step=10.ckpt"), "PODGUARD_RESUME_STEP": "10"}
+    with pytest.raises(KeyError, match="pytorch-lightning_version"):
+        fit(tmp_path, 12, [], ckpt_path=str(ckpt / "ema.pt"))  # (what handing over ema.pt did)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    counted = Count()
+    trainer = fit(tmp_path, 12, [counted], ckpt_path=resume_from())
+    assert trainer.global_step == 12 and counted.steps == [11, 12]

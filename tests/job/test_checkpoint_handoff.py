@@ -231,15 +231,22 @@ def test_idle_stop_with_save_signal_asks_the_idle_job_to_save_first(node, tmp_pa
         (["--save-grace", "soon"], {}, "--save-grace='soon' is not valid; expected a duration > 0"),
         (["--save-signal", "USR1", "--no-ckpt"], {}, "--save-signal needs --checkpoints DIR"),
         (["--checkpoints", "FILE"], {}, "is not a folder"),
+        # `--checkpoints $CKPT_DIR` with the variable unset: not the current folder (an unrelated
+        # pretrained_init.pt there became the resume point), and the same for the variable
+        (["--checkpoints", ""], {}, "--checkpoints='' is empty (an unset variable?)"),
+        (["--checkpoints", "  "], {}, "--checkpoints='  ' is empty (an unset variable?)"),
+        (["--no-ckpt"], {"PODGUARD_CHECKPOINTS": ""}, "PODGUARD_CHECKPOINTS='' is empty (an unset variable?)"),
+        ([], {"PODGUARD_CHECKPOINTS": "FILE"}, "is not a folder"),
     ],
 )
 def test_bad_values_are_64_before_anything_runs(node, tmp_path, args, env, needle):
     marker = tmp_path / "ran"
     (tmp_path / "file").write_text("")
     args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    env = {k: str(tmp_path / "file") if v == "FILE" else v for k, v in env.items()}
     if "--no-ckpt" in args:
         args.remove("--no-ckpt")
-    elif "--checkpoints" not in args:
+    elif "--checkpoints" not in args and "PODGUARD_CHECKPOINTS" not in env:
         args = ["--checkpoints", str(tmp_path / "ckpt"), *args]
     proc = run_podguard(node, ["run", *args, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"], env=env)
     assert proc.returncode == 64, said(proc)
@@ -326,3 +333,58 @@ def test_runpods_sigterm_during_the_save_wait_is_forwarded_at_once(node, tmp_pat
     out, took = sigterm_once(node, args, path, ckpt, "save request")
     assert "got SIGTERM" in out and "received SIGTERM: forwarding it to 1 worker(s)" in out
     assert took < 5
+
+
+@pytest.fixture
+def unprivileged(tmp_path):
+    """(a folder an unprivileged user may walk to, the command prefix that runs as that user, its environment):
+    root reads everything, so `setpriv` drops to nobody; no NVML (the workers run on CPU)."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        root, prefix = tmp_path, []
+    elif shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make a folder unreadable")
+    else:
+        root, prefix = Path(tempfile.mkdtemp(prefix="podguard-perm-")), ["setpriv", "--reuid=65534", "--regid=65534"]
+        prefix.append("--clear-groups")
+        root.chmod(0o777)
+    env = {"PATH": os.environ["PATH"], "HOME": str(root), "PODGUARD_STATE_DIR": str(root / "state")}
+    env |= {"PODGUARD_PROBE": "off", "LD_LIBRARY_PATH": "", "PODGUARD_DEV_DIR": str(root / "dev")}
+    (root / "dev").mkdir()
+    try:
+        yield root, prefix, env
+    finally:
+        if root != tmp_path:
+            for p in [root, *root.rglob("*")]:
+                if not p.is_symlink():
+                    p.chmod(0o755)
+            shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("where", ["the folder", "its parent"])
+def test_a_dir_podguard_may_not_list_is_a_warning_before_each_attempt_and_a_start_from_scratch(unprivileged, where):
+    """A DIR that podguard may not list (mode 0, or under a folder this user may not enter) is never 64: each
+    attempt is told so, and the job starts from scratch."""
+    root, prefix, env = unprivileged
+    ckpt = root / "locked" / "ckpt" if where == "its parent" else root / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "step-5.pt").write_bytes(b"")
+    (ckpt if where == "the folder" else ckpt.parent).chmod(0)
+    args = ["run", "--checkpoints", str(ckpt), "--restarts", "1", "--", "sh", "-c", JOB_FAILS_ONCE]
+    proc = subprocess.run([*prefix, *PODGUARD, *args], env=env, capture_output=True, text=True, timeout=120)
+    out = said(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert "Traceback" not in out
+    warning = f"podguard: warning: cannot read --checkpoints {ckpt} (Permission denied): starting from scratch"
+    assert [ln for ln in out.splitlines() if ln.startswith("podguard: warning: cannot read")] == [warning] * 2
+    assert [ln for ln in out.splitlines() if ln.startswith("attempt")] == ["attempt 0 None", "attempt 1 None"]
+    assert "podguard: no checkpoint yet" not in out  # (the warning says it instead)
+
+
+# (a shell, not this venv's python: the unprivileged user may not stat an interpreter under /root)
+JOB_FAILS_ONCE = (
+    'echo attempt $PODGUARD_RESTART_COUNT ${PODGUARD_RESUME_FROM:-None}; [ "$PODGUARD_RESTART_COUNT" != 0 ]'
+)

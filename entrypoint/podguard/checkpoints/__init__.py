@@ -4,8 +4,8 @@
     finding.chosen, finding.skipped           # the newest whole one; the newer ones that are not whole
     resume_env(finding), resume_lines(finding, time.time())
 
-Layouts and their "whole" rules: PRODUCT.md "Bringing back the work", docs/checkpoints.md. torch is never
-imported here: safetensors headers are parsed per the format's spec, torch.save zips through `zipfile`.
+Layouts and their "whole" rules: docs/checkpoints.md. torch is never imported here: safetensors headers are parsed
+per the format's spec, torch.save zips from their end records, torch DCP from its `.metadata` (dcp.py).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@
 safetensors (https://github.com/huggingface/safetensors#format): 8 bytes little-endian header length N, then N
 bytes of JSON whose `data_offsets` give each tensor's [begin, end) in the data that follows; a whole file is
 exactly 8 + N + max(end) bytes long. torch.save (torch/serialization.py, `_use_new_zipfile_serialization`): a zip
-archive whose records include `<name>/data.pkl`; zipfile reads the central directory at the end of the file, so
-a file cut short does not open. Both are header reads: a 100 GB file costs the same as a small one.
+archive whose first record is `<name>/data.pkl`; the zip's end records (at the end of the file) say where its
+central directory is, so a file cut short has none that fit. Both are header reads: a 100 GB file costs the same
+as a small one, and a checkpoint's optimizer.pt with thousands of records costs one read of its end.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import struct
 import zipfile
 from typing import Any
 
-from podguard.checkpoints.model import format_size
+from podguard.checkpoints.model import format_size, short_of
 
 __all__ = ["MAX_HEADER", "file_why", "lightning_step", "safetensors_why", "torch_zip_why"]
 
@@ -49,19 +50,20 @@ def safetensors_why(path: str, size: int | None = None) -> str:
     if not isinstance(header, dict):
         return f"{name}: the safetensors header is not a JSON object"
     end = 0
-    for key, info in header.items():
+    for key, info in header.items():  # (a model's header names thousands of tensors: a tight loop)
         if key == "__metadata__":
             continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        try:
+            begin, stop = info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            begin = stop = None
+        if type(begin) is not int or type(stop) is not int:
             return f"{name}: tensor {key!r} has no valid data_offsets"
-        end = max(end, offsets[1])
+        if stop > end:
+            end = stop
     expected = 8 + n + end
     if size != expected:
-        have, want = format_size(size), format_size(expected)
-        if have == want:  # a few bytes apart: "4.2 KB of 4.2 KB" would say nothing
-            have, want = f"{size:,} bytes", f"{expected:,}"
-        return f"{name} is {have} of {want}"
+        return f"{name} is {short_of(size, expected)}"
     return ""
 
 
@@ -76,24 +78,84 @@ def _read(f: Any, n: int) -> bytes:
     return out
 
 
-def torch_zip_why(path: str) -> tuple[str, str]:
+def torch_zip_why(path: str, size: int | None = None) -> tuple[str, str]:
     """("", note) when the file is a torch.save zip whose central directory reads; (why, "") when not. A legacy
-    (pickle) torch.save file cannot be checked without loading it: whole, with a note saying so."""
+    (pickle) torch.save file cannot be checked without loading it: whole, with a note saying so.
+
+    Read from the end of the file only, as unzip does: the end-of-central-directory record (and torch's zip64
+    record and locator before it), which says where the central directory starts and how long it is; a file cut
+    short has no such record at its end, or one whose directory does not end where the record begins. Then the
+    directory's first entry, which torch writes first: `<name>/data.pkl`."""
     name = os.path.basename(path)
+    cut = f"{name}: its zip central directory does not read (cut short?)"
     try:
-        with open(path, "rb") as f:
-            first = f.read(1)
-        if first == PICKLE_MAGIC:
-            return "", f"{name} is in torch.save's legacy format (completeness not checked)"
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size if size is None else size
+            if _read(f, 1) == PICKLE_MAGIC:
+                return "", f"{name} is in torch.save's legacy format (completeness not checked)"
+            where = _central_directory(f, size)
+            if where is None:
+                return cut, ""
+            start, length = where
+            f.seek(start)
+            head = _read(f, min(length, CD_HEAD))
+            if not head.startswith(CD_ENTRY) or len(head) < 46:
+                return cut, ""
+            (n,) = struct.unpack_from("<H", head, 28)  # the first entry's file name length
+            first = head[46 : 46 + n]
+            if not (first == b"data.pkl" or first.endswith(b"/data.pkl")) and length <= MAX_PICKLE:
+                head += _read(f, length - len(head))  # another writer's order: any entry named data.pkl
+                first = b"data.pkl" if b"data.pkl" in head else first
     except OSError as exc:
         return f"{name} cannot be read ({exc.strerror})", ""
-    except (zipfile.BadZipFile, ValueError, EOFError):
-        return f"{name}: its zip central directory does not read (cut short?)", ""
-    if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+    if not (first == b"data.pkl" or first.endswith(b"/data.pkl")):
         return f"{name}: a zip without data.pkl (not a torch.save file)", ""
     return "", ""
+
+
+CD_ENTRY = b"PK\x01\x02"  # a central directory entry (APPNOTE.TXT 4.3.12)
+EOCD = b"PK\x05\x06"  # end of central directory record, 22 bytes + comment (4.3.16)
+ZIP64_LOCATOR = b"PK\x06\x07"  # zip64 end of central directory locator, 20 bytes (4.3.15)
+ZIP64_EOCD = b"PK\x06\x06"  # zip64 end of central directory record (4.3.14)
+CD_HEAD = 46 + 1024  # the first entry's fixed part and a name
+_TAIL = 22 + 65535  # the EOCD record and the longest comment it can have
+
+
+def _central_directory(f: Any, size: int) -> tuple[int, int] | None:
+    """(offset, length) of the zip's central directory from the records at the end of the file (APPNOTE.TXT,
+    https://pkware.cachefly.net/webdocs/casestudies/APPNOTE.TXT), None when they do not read or do not fit."""
+    if size < 22:
+        return None
+    f.seek(size - 22)
+    tail = _read(f, 22)
+    at = size - 22
+    if not tail.startswith(EOCD):  # a comment after the record (torch writes none): look further back
+        back = min(size, _TAIL)
+        f.seek(size - back)
+        tail = _read(f, back)
+        i = tail.rfind(EOCD)
+        if i < 0 or i + 22 > len(tail):
+            return None
+        at = size - back + i
+        tail = tail[i : i + 22]
+    _, _, _, _, _, length, start, comment = struct.unpack("<4s4H2LH", tail)
+    if at + 22 + comment != size:
+        return None
+    end = at  # where the central directory must end: the record (or the zip64 record before it)
+    if at >= 20:
+        f.seek(at - 20)
+        locator = _read(f, 20)
+        if locator.startswith(ZIP64_LOCATOR):  # torch writes zip64 records always (caffe2 inline_container)
+            (record_at,) = struct.unpack_from("<Q", locator, 8)
+            f.seek(record_at)
+            record = _read(f, 56)
+            if not record.startswith(ZIP64_EOCD) or len(record) < 56 or record_at + 56 > at - 20:
+                return None
+            length, start = struct.unpack_from("<QQ", record, 40)
+            end = record_at
+    if start + length != end:
+        return None
+    return start, length
 
 
 def lightning_step(path: str) -> int | None:
@@ -121,4 +183,4 @@ def file_why(path: str, size: int | None = None) -> tuple[str, str]:
     """The rule for a weights file by its suffix: (why, note)."""
     if path.endswith(".safetensors"):
         return safetensors_why(path, size), ""
-    return torch_zip_why(path)
+    return torch_zip_why(path, size)

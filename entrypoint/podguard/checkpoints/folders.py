@@ -2,9 +2,9 @@
 (why, note): why is "" for a whole folder.
 
     tree = read_tree(path)          # the files under a folder (3 levels at most): relative name -> (size, mtime)
-    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json parses, its weights and every
+    hf_why(path, tree)              # checkpoint-<N>/: trainer_state.json all there, its weights and every
                                     # torch.save / safetensors file in it (optimizer.pt, ...) are whole
-    dcp_why(tree)                   # torch DCP: .metadata exists (DCP writes it last), no shard newer
+    dcp_why(tree, "", path)         # torch DCP (dcp.py): .metadata names files that are all there, long enough
     accelerate_why(path, tree)      # accelerator.save_state: random_states_0.pkl (written last), files whole
     files_why(path, tree)           # DeepSpeed tag / Megatron iter_* / step-named folders: every weights file whole
 
@@ -19,6 +19,7 @@ import re
 import stat
 from dataclasses import dataclass
 
+from podguard.checkpoints.dcp import dcp_why
 from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, torch_zip_why
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "MARKER",
     "Tree",
     "accelerate_why",
-    "dcp_why",
     "files_why",
     "has_weights",
     "hf_why",
@@ -39,6 +39,7 @@ MAX_DEPTH = 3
 WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 HF_SINGLE = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+INDENT2 = b'{\n  "'  # how json.dumps(indent=2) begins an object with keys
 _ACC_PICKLE = re.compile(r"^(random_states|custom_checkpoint)_\d+\.pkl$")
 
 
@@ -89,19 +90,6 @@ def read_tree(path: str) -> Tree:
     return Tree(files, newest)
 
 
-def dcp_why(tree: Tree, prefix: str = "") -> str:
-    meta = f"{prefix}.metadata"
-    if meta not in tree.files:
-        return f"no {meta} (torch DCP writes it last: the save did not finish)"
-    size, written = tree.files[meta]
-    if size == 0:
-        return f"{meta} is empty"
-    newer = [n for n, (_, m) in tree.files.items() if n.startswith(prefix) and n.endswith(".distcp") and m > written]
-    if newer:  # a save into the same folder (overwrite): the old .metadata stays until the new one replaces it
-        return f"{len(newer)} shard(s) newer than {meta} (a save into this folder is under way)"
-    return ""
-
-
 def has_weights(tree: Tree) -> bool:
     return any(name.endswith(WEIGHT_SUFFIXES) or name.endswith(".distcp") for name in tree.files)
 
@@ -112,7 +100,7 @@ def files_why(path: str, tree: Tree) -> tuple[str, str]:
         return "no weights file in it", ""
     notes = []
     for folder in sorted({n.rpartition("/")[0] for n in tree.files if n.endswith(".distcp")}):
-        if why := dcp_why(tree, f"{folder}/" if folder else ""):
+        if why := dcp_why(tree, f"{folder}/" if folder else "", path):
             return why, ""
     for name, (size, _) in sorted(tree.files.items()):
         if name.endswith(WEIGHT_SUFFIXES):
@@ -145,15 +133,19 @@ def accelerate_why(path: str, tree: Tree) -> tuple[str, str]:
 
 
 def hf_why(path: str, tree: Tree) -> tuple[str, str]:
-    """Hugging Face Trainer's checkpoint folder (transformers Trainer._save_checkpoint)."""
+    """Hugging Face Trainer's checkpoint folder (transformers Trainer._save_checkpoint: `save_model` writes
+    config.json and the weights, then the optimizer, scheduler and RNG states, and trainer_state.json last)."""
     state = "trainer_state.json"
     if state not in tree.files:
-        return f"no {state}", ""
-    try:
-        with open(os.path.join(path, state), "rb") as f:
-            json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return f"{state} does not parse (cut short?)", ""
+        if not tree.files:
+            return "empty: the save did not finish", ""
+        if not has_weights(tree) and not any(i in tree.files for i in HF_INDEXES):
+            top = sorted(n for n in tree.files if "/" not in n)
+            there = ", ".join(top[:3]) + (f" and {len(top) - 3} more" if len(top) > 3 else "")
+            return f"only {there} in it: the save did not finish (no weights, no {state})", ""
+        return f"no {state} (the Trainer writes it last: the save did not finish)", ""
+    if why := json_end_why(os.path.join(path, state)):
+        return why, ""
     index = next((i for i in HF_INDEXES if i in tree.files), None)
     if index is not None:
         if why := _index_why(path, tree, index):
@@ -163,6 +155,30 @@ def hf_why(path: str, tree: Tree) -> tuple[str, str]:
     # every torch.save / safetensors file: the weights, and optimizer.pt, scheduler.pt, rng_state.pth, ...,
     # which `resume_from_checkpoint` loads too (a truncated optimizer.pt fails the resume as surely as the weights)
     return files_why(path, tree)
+
+
+def json_end_why(path: str) -> str:
+    """ "" when a JSON file written in one go is all there. `TrainerState.save_to_json` writes
+    `json.dumps(state, indent=2, sort_keys=True) + "\\n"` (transformers/trainer_callback.py): in a file that begins
+    `{\\n  "` (indent=2) every nested `}` is indented and no string holds a raw newline, so a `}` alone on the
+    last line is the top-level one, which ends the file; a file cut short keeps a beginning without it. That reads
+    8 bytes of a trainer_state.json whose log_history is megabytes. A file of another shape is parsed whole."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(len(INDENT2))
+            f.seek(max(0, size - 3))
+            last = f.read(3)
+            if first == INDENT2 and size > len(INDENT2) + 2 and (last == b"\n}\n" or last.endswith(b"\n}")):
+                return ""
+            f.seek(0)
+            json.loads(f.read())
+    except OSError as exc:
+        return f"{name} cannot be read ({exc.strerror})"
+    except (ValueError, UnicodeDecodeError):
+        return f"{name} does not parse (cut short?)"
+    return ""
 
 
 def _index_why(path: str, tree: Tree, index: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Checkpoint", "Key", "Layout", "format_size"]
+__all__ = ["Checkpoint", "Key", "Layout", "format_size", "short_of"]
 
 Key = tuple[str, float, int]  # (path, mtime, size): a checkpoint that changes gets a new key
 
@@ -54,3 +54,11 @@ def format_size(size: int) -> str:
             value = size / scale
             return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
     return f"{size} B"
+
+
+def short_of(have: int, want: int) -> str:
+    """`'1.2 GB of 4.1 GB'`; in bytes when the two would read the same (`'4,095 bytes of 4,096'`)."""
+    a, b = format_size(have), format_size(want)
+    if a == b:
+        return f"{have:,} bytes of {want:,}"
+    return f"{a} of {b}"

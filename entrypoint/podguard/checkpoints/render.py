@@ -76,10 +76,12 @@ def end_fragment(started: Checkpoint | None, newest: Checkpoint | None) -> str:
     return "; ".join(parts)
 
 
-def as_json(finding: Finding) -> dict[str, Any]:
+def as_json(finding: Finding, unreadable: str = "") -> dict[str, Any]:
+    """`unreadable`: why DIR could not be listed ("" when it could)."""
     chosen = finding.chosen
     return {
         "directory": finding.directory,
+        "unreadable": unreadable or None,
         "resume_from": chosen.path if chosen is not None else None,
         "resume_step": chosen.step if chosen is not None else None,
         "checkpoints": [
@@ -99,8 +101,10 @@ def as_json(finding: Finding) -> dict[str, Any]:
     }
 
 
-def table(finding: Finding, now: float) -> str:
+def table(finding: Finding, now: float, unreadable: str = "") -> str:
     """Newest first, one row each, then which one a restart would use."""
+    if unreadable:
+        return f"cannot read {finding.directory} ({unreadable})\na restart would start from scratch"
     if not finding.checkpoints:
         return f"no checkpoints in {finding.directory}\na restart would start from scratch"
     chosen = finding.chosen

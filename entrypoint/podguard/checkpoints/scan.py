@@ -9,12 +9,14 @@ DIR is created, changed, moved or deleted.
     find_checkpoints(d, skip=finding.keys)  # judge only what is new or changed since `finding` (or list_keys(d))
 
 Two steps: the listing (names, sizes, mtimes, tracker files: cheap) ranks the checkpoints; the judgement (header
-reads, trainer_state.json's parse) runs only where asked, so a restart costs one judgement, not one per checkpoint
+reads, the ends of trainer_state.json) runs only where asked, so a restart costs one judgement, not one per checkpoint
 (an HF trainer_state.json with a long log_history is megabytes of JSON).
 
-Newest: the highest step; a checkpoint without a step (Lightning's `last.ckpt`) ranks by its modification time
-among the others (it counts as newer than every checkpoint written before it). A symlink to another entry of DIR
-(Lightning's `save_last="link"`) is that entry, listed once.
+Newest: the highest step (then the newest mtime); a checkpoint without a step never outranks one with a step (an
+`ema.pt` or a `best.pt` written after the last save is no resume point), and those without rank by their mtime.
+Folder names are free: `latest/`, `final/`, `best/` are judged by their layout; `latest` is DeepSpeed's tracker
+only as a small text file. A symlink to another entry of DIR (Lightning's `save_last="link"`) is that entry,
+listed once.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from podguard.checkpoints.dcp import dcp_why, is_dcp
 from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, lightning_step
 from podguard.checkpoints.folders import (
     HF_SINGLE,
     MARKER,
     Tree,
     accelerate_why,
-    dcp_why,
     files_why,
     has_weights,
     hf_why,
@@ -48,6 +50,7 @@ DEEPSPEED_TRACKER = "latest"  # DeepSpeed: the tag of the newest finished save (
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM: the newest finished iteration
 TRACKER_MAX = 256  # bytes: DeepSpeed's `latest` holds a tag, Megatron's tracker an iteration number
 _ITER = re.compile(r"^iter_(\d+)$")
+_ACC_AUTOMATIC = re.compile(r"^checkpoint_\d+$")  # accelerate's ProjectConfiguration(automatic_checkpoint_naming)
 _HF_SHARD = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
 
 Judge = Callable[[], tuple[str, str]]  # (why, note): why is "" for a whole checkpoint
@@ -135,14 +138,10 @@ R = TypeVar("R", bound=_Ranked)
 
 
 def newest_first(found: Sequence[R]) -> list[R]:
-    """Highest step first; a step-less checkpoint ranks with the highest step written before it, then by mtime."""
-    stepped = sorted((c for c in found if c.step is not None), key=lambda c: c.mtime)
+    """Highest step first (then the newest mtime); every step-less checkpoint after them, newest mtime first."""
 
-    def key(c: R) -> tuple[int, float]:
-        if c.step is not None:
-            return (c.step, c.mtime)
-        before = [s.step for s in stepped if s.mtime <= c.mtime and s.step is not None]
-        return (max(before, default=-1), c.mtime)
+    def key(c: R) -> tuple[bool, int, float]:
+        return (c.step is not None, c.step or 0, c.mtime)
 
     return sorted(found, key=key, reverse=True)
 
@@ -153,10 +152,12 @@ def _list(root: str) -> list[_Listed]:
     trackers = _trackers(root, names)
     found: list[_Listed] = []
     for entry in entries:
-        if entry.name.startswith(".") or entry.name in (DEEPSPEED_TRACKER, MEGATRON_TRACKER):
+        if entry.name.startswith("."):
             continue
         step = step_from_name(entry.name)
         try:
+            if entry.name in (DEEPSPEED_TRACKER, MEGATRON_TRACKER) and not entry.is_dir(follow_symlinks=True):
+                continue  # the tracker file: a `latest/` folder is judged by its layout like any other
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
                 if os.path.dirname(target) == os.path.realpath(root) and os.path.basename(target) in names:
@@ -216,6 +217,8 @@ def _folder(path: str, name: str, step: int | None, trackers: list[_Tracker]) ->
     if tracked is not None:  # the save is over when the tracker names it: a changed tracker is a new checkpoint
         mtime = max(mtime, tracked.mtime)
     step = step if step is not None else _iteration(name)
+    if layout is Layout.ACCELERATE and _ACC_AUTOMATIC.match(name):
+        step = None  # accelerate's automatic naming counts saves, not steps: docs/checkpoints.md
     return _Listed(path, layout, step, tree.size, mtime, judge)
 
 
@@ -227,9 +230,10 @@ def _may_hold_one(path: str, name: str, step: int | None, trackers: list[_Tracke
         return True
     try:
         with os.scandir(path) as it:
-            return any(e.name in (".metadata", MARKER) or e.name.endswith(".distcp") for e in it)
+            names = [e.name for e in it]
     except OSError:
         return False
+    return MARKER in names or is_dcp(names)
 
 
 def _whole() -> tuple[str, str]:
@@ -242,7 +246,7 @@ def _classify(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tup
     kind = next((t.layout for t in trackers), None)
     if is_accelerate(tree):  # (before HF: the diffusers scripts name accelerate's folders checkpoint-<N> too)
         return Layout.ACCELERATE, lambda: accelerate_why(path, tree)
-    if name.startswith("checkpoint-") and (tree.top("trainer_state.json") or has_weights(tree)):
+    if name.startswith("checkpoint-") and tree.top("trainer_state.json"):
         return Layout.HF, lambda: hf_why(path, tree)
     if kind is not None and (tracked is not None or _looks_tracked(name, kind)):
         if tracked is None:
@@ -255,8 +259,10 @@ def _classify(path: str, name: str, tree: Tree, trackers: list[_Tracker]) -> tup
         if kind is Layout.MEGATRON:  # Megatron writes its tracker once every rank saved: a folder it named exists
             return kind, _whole
         return kind, lambda: files_why(path, tree)
-    if tree.top(".metadata") or any(n.endswith(".distcp") and "/" not in n for n in tree.files):
-        return Layout.DCP, lambda: (dcp_why(tree), "")
+    if is_dcp([n for n in tree.files if "/" not in n]):
+        return Layout.DCP, lambda: (dcp_why(tree, "", path), "")
+    if name.startswith("checkpoint-"):  # an HF save that did not finish (hf_why says where it stopped)
+        return Layout.HF, lambda: hf_why(path, tree)
     if has_weights(tree) or tree.top(MARKER):
         return Layout.FOLDER, lambda: files_why(path, tree)
     return None, _whole

@@ -1,5 +1,6 @@
 """A checkpoint's step from its name: `checkpoint-1200`, `step=1200`, `step-1200`, `step_1200`, `iter_0001200`,
-`global_step1200` (PRODUCT.md "Bringing back the work"), and accelerate's `checkpoint_3` (its save count). Pure."""
+`global_step1200` (docs/checkpoints.md), and `checkpoint_3`: a number the finder drops for accelerate's own automatic
+naming, where it counts saves (scan.py). Pure."""
 
 from __future__ import annotations
 

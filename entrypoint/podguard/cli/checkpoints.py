@@ -1,17 +1,22 @@
 """`podguard checkpoints DIR [--json]`: what the finder sees under DIR, newest first, and which one a restart uses.
 
-Exit 0 with or without checkpoints; 64 when DIR does not exist, is not a folder or cannot be listed. Reads only
+Exit 0 with or without checkpoints, and for a DIR this user may not list (a warning: a restart would start from
+scratch, as `train` says before each attempt); 64 when DIR is empty, does not exist or is not a folder. Reads only
 (checkpoints/).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from typing import Annotated
 
 import typer
 
+from podguard.checkpoints import Finding, find_checkpoints, table
+from podguard.checkpoints import as_json as to_json
 from podguard.cli.params import Json
 from podguard.errors import UsageError
 
@@ -30,22 +35,27 @@ def checkpoints(
 ) -> None:
     """List the checkpoints under DIR, newest first: layout, step, size, when written, whole or why not, and the
     one a restart would resume from (PODGUARD_RESUME_FROM)."""
-    import os
-
-    from podguard.checkpoints import as_json as to_json
-    from podguard.checkpoints import find_checkpoints, table
-
-    if not os.path.isdir(directory):
-        what = "does not exist" if not os.path.exists(directory) else "is not a folder"
-        raise UsageError(f"checkpoints DIR={directory!r} {what}; give the folder the job writes its checkpoints to")
+    fix = "give the folder the job writes its checkpoints to"
+    if not directory.strip():
+        raise UsageError(f"checkpoints DIR={directory!r} is empty (an unset variable?); {fix}")
+    unreadable = ""
     try:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise UsageError(f"checkpoints DIR={directory!r} is not a folder; {fix}")
         finding = find_checkpoints(directory)
-    except OSError as exc:  # e.g. a folder this user may not list
-        raise UsageError(f"checkpoints DIR={directory!r} cannot be read ({exc.strerror})") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"checkpoints DIR={directory!r} does not exist; {fix}") from None
+    except OSError as exc:  # a folder this user may not list: what a restart would do, as `train` says it
+        unreadable = exc.strerror or type(exc).__name__
+        finding = Finding(os.path.abspath(directory), ())
+        print(
+            f"podguard: warning: cannot read {directory} ({unreadable}): a restart would start from scratch",
+            file=sys.stderr,
+        )
     if as_json:
-        print(json.dumps(to_json(finding), indent=2))
+        print(json.dumps(to_json(finding, unreadable=unreadable), indent=2))
     else:
-        print(table(finding, time.time()))
+        print(table(finding, time.time(), unreadable=unreadable))
 
 
 COMMANDS = {"checkpoints": checkpoints}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from podguard.checkpoints.option import checkpoints_dir
 from podguard.cli import option_values as values
 from podguard.cli.params import Group, Param, choice, count, parse_int, ratio, seconds, whole, words
 from podguard.durations import DURATION_HELP, parse_duration, parse_usd
@@ -338,7 +339,7 @@ LAUNCH = Group(
             ("--checkpoints",),
             "Where the job writes its checkpoints: before each attempt the newest whole one is handed to the job as "
             "PODGUARD_RESUME_FROM (and PODGUARD_RESUME_STEP); nothing there is ever changed.",
-            type=Path | None,
+            parse=checkpoints_dir,
             metavar="DIR",
             panel=RUN_PANEL,
         ),

@@ -5,7 +5,8 @@ the newest one at its end and whether the attempt wrote a new one (progress, for
     env = handoff.before()          # PODGUARD_CHECKPOINTS, PODGUARD_RESUME_FROM/_STEP; says `resuming from ...`
     seen = handoff.after()          # AttemptCheckpoints(started, newest, saved); seen.fragment() for END and RESTART
 
-Reads DIR only (checkpoints/); a DIR that does not exist yet is "no checkpoint yet".
+Reads DIR only (checkpoints/); a DIR that does not exist yet is "no checkpoint yet"; one podguard may not list is
+a warning before each attempt, which starts from scratch.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from podguard.checkpoints import (
     resume_env,
     resume_lines,
 )
+from podguard.checkpoints.option import ENV_CHECKPOINTS  # the workers get DIR too (the Lightning callback saves there)
 from podguard.checkpoints.render import utc
 
 __all__ = ["ENV_CHECKPOINTS", "AttemptCheckpoints", "Handoff"]
-
-ENV_CHECKPOINTS = "PODGUARD_CHECKPOINTS"  # the workers get DIR too (the Lightning callback saves there)
 
 
 @dataclass(frozen=True)
@@ -59,21 +59,28 @@ class Handoff:
         self._started: Checkpoint | None = None
         self._listed_before: frozenset[Key] = frozenset()
 
-    def find(self, *, skip: frozenset[Key] = frozenset(), say: bool = False) -> Finding:
-        """Newest first until the first whole one (only what is not in `skip`)."""
+    def find(self, *, skip: frozenset[Key] = frozenset()) -> Finding:
+        """Newest first until the first whole one (only what is not in `skip`); none when DIR cannot be listed."""
+        return self._find(skip)[0]
+
+    def _find(self, skip: frozenset[Key]) -> tuple[Finding, str]:
+        """(the finding, why DIR cannot be listed: "" when it can, or when it does not exist yet)."""
         try:
-            return find_checkpoints(self.directory, until_whole=True, skip=skip)
+            return find_checkpoints(self.directory, until_whole=True, skip=skip), ""
         except FileNotFoundError:  # not there yet: the job creates it with its first save
-            return Finding(str(self.directory), ())
-        except OSError as exc:  # unreadable: nothing podguard can hand over, and it says why
-            if say:
-                self.say(f"podguard: warning: cannot read --checkpoints {self.directory} ({exc.strerror})")
-            return Finding(str(self.directory), ())
+            return Finding(str(self.directory), ()), ""
+        except OSError as exc:  # e.g. a folder this user may not list: nothing podguard can hand over
+            return Finding(str(self.directory), ()), exc.strerror or type(exc).__name__
 
     def before(self) -> dict[str, str]:
-        finding = self.find(say=True)
-        for line in resume_lines(finding, time.time()):
-            self.say(f"podguard: {line}")
+        finding, unreadable = self._find(frozenset())
+        if unreadable:  # never 64: the job may still save there (another user's folder, a volume mounted later)
+            self.say(
+                f"podguard: warning: cannot read --checkpoints {self.directory} ({unreadable}): starting from scratch"
+            )
+        else:
+            for line in resume_lines(finding, time.time()):
+                self.say(f"podguard: {line}")
         self._started = finding.chosen
         self._listed_before = finding.keys
         for name in (ENV_RESUME_FROM, ENV_RESUME_STEP):  # unset unless handed over (the workers inherit ours)

@@ -154,7 +154,7 @@ def _prepare(opts: LaunchOptions) -> tuple[tuple[str, ...] | None, dict[str, str
 
 
 def _check_checkpoints(opts: LaunchOptions) -> None:
-    if opts.checkpoints is not None and opts.checkpoints.exists() and not opts.checkpoints.is_dir():
+    if opts.checkpoints is not None and os.path.exists(opts.checkpoints) and not os.path.isdir(opts.checkpoints):
         raise UsageError(f"--checkpoints={str(opts.checkpoints)!r} is not a folder; give the folder the job saves to")
     if opts.save_signal is not None and opts.checkpoints is None:
         raise UsageError(
