@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podguard.checkpoints import (
     ENV_RESUME_FROM,
@@ -30,6 +31,9 @@ from podguard.checkpoints import (
     resume_lines,
 )
 from podguard.checkpoints.render import utc
+
+if TYPE_CHECKING:
+    from podguard.job.store import StoreSync
 
 __all__ = ["ENV_CHECKPOINTS", "AttemptCheckpoints", "Handoff"]
 
@@ -58,6 +62,7 @@ class Handoff:
         self.say = say
         self._started: Checkpoint | None = None
         self._listed_before: frozenset[Key] = frozenset()
+        self.store: StoreSync | None = None  # --checkpoint-store (job/store.py)
 
     def find(self, *, skip: frozenset[Key] = frozenset(), say: bool = False) -> Finding:
         """Newest first until the first whole one (only what is not in `skip`)."""
@@ -72,6 +77,8 @@ class Handoff:
 
     def before(self) -> dict[str, str]:
         finding = self.find(say=True)
+        if self.store is not None:  # a newer whole checkpoint in the store is restored into DIR first
+            finding = self.store.restore(finding, self.find)
         for line in resume_lines(finding, time.time()):
             self.say(f"podguard: {line}")
         self._started = finding.chosen

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
     from podguard.guards.budget import Budget
     from podguard.launch.watch.runtime import RuntimeWatch
+    from podguard.store import StoreStats
 
 __all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot"]
 
@@ -75,6 +76,7 @@ class MetricsState:
         self.slow: set[str] = set()
         self.last_progress: float | None = None
         self.price: Budget | None = None
+        self._store_rows: dict[str, Rows] = {}  # --checkpoint-store's series (set_store)
         self._board: dict[int, tuple[int, int]] = {}  # slot -> (pid, count) as last counted, this attempt
         self._faults_seen = 0  # of this attempt's runtime.faults
         self._next_read = 0.0
@@ -150,6 +152,19 @@ class MetricsState:
             self.up = 0.0
             self._publish()
 
+    def set_store(self, stats: StoreStats) -> None:
+        """The checkpoint store's series (its mirror's thread, after each look and each upload)."""
+        rows: dict[str, Rows] = {
+            "podguard_store_lag_seconds": (((), round(stats.lag_s, 3)),),
+            "podguard_store_uploaded_bytes": (((), float(stats.uploaded_bytes)),),
+            "podguard_store_uploads": ((("ok",), float(stats.ok)), (("failed",), float(stats.failed))),
+        }
+        if stats.step is not None:
+            rows["podguard_store_checkpoint_step"] = (((), float(stats.step)),)
+        with self._lock:
+            self._store_rows = rows
+            self._publish()
+
     def set_price(self, price: Budget | None) -> None:
         with self._lock:
             self.price = price
@@ -195,6 +210,7 @@ class MetricsState:
             out["podguard_rank_slow"] = tuple(((r,), 1.0 if r in self.slow else 0.0) for r, _ in ranks)
         if self.last_progress is not None:
             out["podguard_job_last_progress_timestamp_seconds"] = (((), self.last_progress),)
+        out.update(self._store_rows)
         return out
 
 
