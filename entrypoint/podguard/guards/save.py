@@ -126,9 +126,11 @@ class SaveBeforeStop:
             if stored is None:  # its upload may still come within the grace: look again
                 self._timer = sup.call_later(POLL_S, self._poll)
                 return
-            saved = f"{saved}; {stored}"
+            saved = f"{saved} in {format_duration(elapsed)}; {stored}"
+        elif saved is not None:
+            saved = f"{saved} in {format_duration(elapsed)}"
         if saved is not None:
-            self._decide(f"saved {saved} in {format_duration(elapsed)}")
+            self._decide(f"saved {saved}")
         elif sup.stopping:
             self.finish()
         elif elapsed >= self.settings.grace_s:

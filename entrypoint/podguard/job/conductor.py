@@ -78,7 +78,7 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
         if metrics is not None:
             metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
         # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
-        store = open_store_sync(cfg.options, _say, metrics.state.set_store if metrics is not None else None)
+        store = open_store_sync(cfg.options, metrics.state.set_store if metrics is not None else None)
         conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics, store=store)
         return conductor.run()
     except PodguardError as exc:  # a run that started says how it ended, once (`pod keep` reads it)

@@ -2,7 +2,7 @@
 before each attempt, the mirror during the run, the store's newest checkpoint in RESTART and END, and the wait for
 an upload at the end.
 
-    sync = open_store_sync(options, say)     # None without a store; 64 for no bucket / refused credentials
+    sync = open_store_sync(options)          # None without a store; 64 for no bucket / refused credentials
     finding = sync.restore(finding, find)    # Handoff.before(): a newer whole checkpoint in the store comes first
     sync.fragment()                          # 'stored checkpoint-1200 (step 1200, written ...) in s3://b/run1'
     sync.flush(120.0)                        # the end of the run: the newest checkpoint's upload, within the grace
@@ -14,6 +14,7 @@ docs/checkpoints.md, "Survive the host".
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,14 +44,12 @@ __all__ = ["RESTORE_ATTEMPTS", "StoreSync", "UploadWait", "open_store_sync"]
 RESTORE_ATTEMPTS = 3  # the restore's S3 client: a store that does not answer must not hold the start for minutes
 
 
-def open_store_sync(
-    options: LaunchOptions, say: Callable[[str], None], publish: Callable[[StoreStats], None] | None = None
-) -> StoreSync | None:
+def open_store_sync(options: LaunchOptions, publish: Callable[[StoreStats], None] | None = None) -> StoreSync | None:
     """The store of `--checkpoint-store`, checked (64 before the job starts), or None without one."""
     url: StoreUrl | None = options.checkpoint_store
     if url is None or options.checkpoints is None:
         return None
-    sync = StoreSync(url, options.checkpoints, options.store_keep, say, publish)
+    sync = StoreSync(url, options.checkpoints, options.store_keep, _say, publish)
     sync.check()
     return sync
 
@@ -75,7 +74,7 @@ class StoreSync:
         self.reachable = True
 
     def _line(self, text: str) -> None:
-        self.say(f"podguard: {text}")
+        self.say(f"podguard: {text}")  # (the mirror's thread too: one write per line, see _say)
 
     def check(self) -> None:
         """UsageError (64) when the store cannot work; a warning when it does not answer now."""
@@ -184,3 +183,9 @@ class UploadWait:
         if out_of_time:
             return f"not in {self.url} within the save grace (its upload goes on until the job ends)"
         return None
+
+
+def _say(text: str) -> None:
+    """One line in one write: the mirror's thread says its lines while the supervisor says its own."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

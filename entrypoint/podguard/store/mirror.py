@@ -7,11 +7,10 @@
     mirror.close()
 
 Every POLL_S it lists DIR (names, sizes, mtimes: cheap) and, when that changed, asks the finder for the newest
-whole checkpoint. One that stayed the same over two looks (its files no longer growing) and is newer than the
-store's newest whole one is uploaded (store/upload.py): files first, the manifest last; then the store keeps the
-newest `keep` whole ones. Nothing here runs on the supervisor's loop and nothing of it is the training process:
-a slow or unreachable store slows no step (one warning per outage, then retries with backoff; a checkpoint whose
-upload failed is tried again, or the newer one that came meanwhile).
+whole checkpoint. One that is newer than the store's newest whole one is uploaded (store/upload.py): files first,
+the manifest last; then the store keeps the newest `keep` whole ones. Nothing here runs on the supervisor's loop
+and nothing of it is the training process: a slow or unreachable store slows no step (one warning per outage,
+then retries with backoff; a checkpoint whose upload failed is tried again, or the newer one that came meanwhile).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from podguard.store.upload import remove, upload_checkpoint
 __all__ = ["Mirror", "StoreStats"]
 
 POLL_S = 2.0
-SETTLE_S = 0.5  # the least time between the two looks that find a checkpoint unchanged
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 60.0
 ENV_BACKOFF_MAX = "PODGUARD_STORE_BACKOFF_MAX"  # seconds (tests shorten it)
@@ -79,7 +77,6 @@ class Mirror:
         self._pending: Checkpoint | None = None
         self._keys: frozenset[Key] | None = None
         self._chosen: Checkpoint | None = None
-        self._last: tuple[Key, float] | None = None  # the chosen one's key and when it was first seen so
         self._failures = 0
         self._warned = False
         self._cond = threading.Condition()
@@ -167,15 +164,13 @@ class Mirror:
             except StoreError as exc:
                 self._fail(f"cannot list {self.backend.url}: {exc}")
                 return self._backoff()
-        local, settled = self._newest_local()
+        local = self._newest_local()
         with self._cond:
             self._pending = local if local is not None and not self._holds(local) else None
             pending = self._pending
         self._publish()
         if pending is None:
             return self.poll_s
-        if not settled:
-            return SETTLE_S
         return self.poll_s if self._upload(pending) else self._backoff()
 
     def _list_store(self) -> None:
@@ -185,24 +180,18 @@ class Mirror:
             self.known = True
             self._cond.notify_all()
 
-    def _newest_local(self) -> tuple[Checkpoint | None, bool]:
-        """The newest whole local checkpoint, and whether it looked the same SETTLE_S ago or more."""
+    def _newest_local(self) -> Checkpoint | None:
+        """The newest whole local checkpoint (judged again only when DIR's listing changed). One that changes while
+        it is uploaded is abandoned and looked at again (store/upload.py), so a save still under way costs a retry,
+        never a mix of two saves in the store."""
         try:
             keys = list_keys(self.directory)
             if keys != self._keys:
                 self._chosen = find_checkpoints(self.directory, until_whole=True).chosen
                 self._keys = keys
         except OSError:  # not there yet, or not readable (said before each attempt)
-            return None, False
-        chosen = self._chosen
-        if chosen is None:
-            self._last = None
-            return None, False
-        now = time.monotonic()
-        if self._last is None or self._last[0] != chosen.key:
-            self._last = (chosen.key, now)
-            return chosen, False
-        return chosen, now - self._last[1] >= SETTLE_S
+            return None
+        return self._chosen
 
     def _upload(self, checkpoint: Checkpoint) -> bool:
         name = self._name(checkpoint)
@@ -236,17 +225,17 @@ class Mirror:
             self.uploading = None
             self.uploaded_bytes += moved[0]
         elapsed = max(time.monotonic() - t0, 1e-6)
+        rate = format_size(int(manifest.bytes / elapsed))
+        self.say(  # (before the waiters hear of it: their next line comes after this one)
+            f"stored {name} in {self.backend.url} ({format_size(manifest.bytes)} in {format_duration(elapsed)}, "
+            f"{rate}/s)"
+        )
         with self._cond:
             self.stored = manifest
             self.ok += 1
             self._failures = 0
             self._warned = False
             self._cond.notify_all()
-        rate = format_size(int(manifest.bytes / elapsed))
-        self.say(
-            f"stored {name} in {self.backend.url} ({format_size(manifest.bytes)} in {format_duration(elapsed)}, "
-            f"{rate}/s)"
-        )
         self._publish()
         self._prune()
         return True
