@@ -1,19 +1,27 @@
-"""`podguard checkpoints DIR [--json]`: what the finder sees under DIR, newest first, and which one a restart uses.
+"""`podguard checkpoints DIR [--store URL] [--json]`: what the finder sees under DIR, newest first, and which one
+a restart uses; with `--store`, the checkpoint store's checkpoints beside them (whole or why not) and which one a
+new attempt would restore.
 
-Exit 0 with or without checkpoints; 64 when DIR does not exist, is not a folder or cannot be listed. Reads only
-(checkpoints/).
+Exit 0 with or without checkpoints; 64 when DIR does not exist (with --store: a DIR that does not exist yet is a
+new pod's, and only the store is listed), is not a folder or cannot be listed, and for a store that refuses (no
+bucket, credentials); 75 when the store does not answer. Reads only (checkpoints/, store/).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from podguard.checkpoints import Finding, find_checkpoints, table
+from podguard.checkpoints import as_json as to_json
 from podguard.cli.params import Json
-from podguard.errors import UsageError
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.store import StoreError, StoreRefused, list_stored, open_backend, parse_store_url
+from podguard.store.render import store_json, store_table
 
 __all__ = ["checkpoints", "register"]
 
@@ -26,26 +34,52 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 
 def checkpoints(
     directory: Annotated[str, typer.Argument(help="The folder the job writes its checkpoints to.", metavar="DIR")],
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="PODGUARD_CHECKPOINT_STORE",
+            help="Also list the checkpoint store's checkpoints (s3://BUCKET/PREFIX or file:///PATH; credentials: the "
+            "standard AWS variables or files).",
+            metavar="URL",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """List the checkpoints under DIR, newest first: layout, step, size, when written, whole or why not, and the
-    one a restart would resume from (PODGUARD_RESUME_FROM)."""
-    import os
+    one a restart would resume from (PODGUARD_RESUME_FROM); with --store, the store's beside them."""
+    url = parse_store_url(store, "--store")
+    finding = _local(directory, allow_missing=url is not None)
+    data: dict[str, Any] = to_json(finding) if as_json else {}
+    text = table(finding, time.time()) if not as_json else ""
+    if url is not None:
+        backend = open_backend(url, attempts=3)
+        try:
+            backend.check()
+            stored = list_stored(backend)
+        except StoreRefused as exc:
+            raise UsageError(f"--store={url}: {exc}") from None
+        except StoreError as exc:
+            raise PodguardError(f"--store={url}: {exc}", ExitCode.GPUS_BUSY) from None
+        finally:
+            backend.close()
+        if as_json:
+            data["store"] = store_json(str(url), stored, finding.chosen)
+        else:
+            text += "\n\n" + store_table(str(url), stored, finding.chosen, time.time())
+    print(json.dumps(data, indent=2) if as_json else text)
 
-    from podguard.checkpoints import as_json as to_json
-    from podguard.checkpoints import find_checkpoints, table
 
+def _local(directory: str, *, allow_missing: bool) -> Finding:
     if not os.path.isdir(directory):
+        if allow_missing and not os.path.exists(directory):
+            return Finding(os.path.abspath(directory), ())
         what = "does not exist" if not os.path.exists(directory) else "is not a folder"
         raise UsageError(f"checkpoints DIR={directory!r} {what}; give the folder the job writes its checkpoints to")
     try:
-        finding = find_checkpoints(directory)
+        return find_checkpoints(directory)
     except OSError as exc:  # e.g. a folder this user may not list
         raise UsageError(f"checkpoints DIR={directory!r} cannot be read ({exc.strerror})") from None
-    if as_json:
-        print(json.dumps(to_json(finding), indent=2))
-    else:
-        print(table(finding, time.time()))
 
 
 COMMANDS = {"checkpoints": checkpoints}
