@@ -35,6 +35,7 @@ from podguard.store import (
     restore_checkpoint,
 )
 from podguard.store.manifest import rank_key
+from podguard.store.nodes import NodeRole
 
 if TYPE_CHECKING:
     from podguard.launch.config import LaunchOptions
@@ -49,7 +50,13 @@ def open_store_sync(options: LaunchOptions, publish: Callable[[StoreStats], None
     url: StoreUrl | None = options.checkpoint_store
     if url is None or options.checkpoints is None:
         return None
-    sync = StoreSync(url, options.checkpoints, options.store_keep, _say, publish)
+    role = None
+    if (options.nnodes or 1) > 1:  # multi-node: node 0 commits, the others report their files (store/nodes.py)
+        if options.node_rank is None:
+            _say("podguard: warning: a multi-node run without NODE_RANK: each node stores its own checkpoints alone")
+        else:
+            role = NodeRole(options.node_rank, options.nnodes or 1)
+    sync = StoreSync(url, options.checkpoints, options.store_keep, _say, publish, role=role)
     sync.check()
     return sync
 
@@ -64,13 +71,15 @@ class StoreSync:
         keep: int,
         say: Callable[[str], None],
         publish: Callable[[StoreStats], None] | None = None,
+        *,
+        role: NodeRole | None = None,
     ) -> None:
         self.url = url
         self.directory = os.path.abspath(directory)
         self.say = say
         self.backend = open_backend(url)
         self.quick = self.backend if url.scheme == "file" else open_backend(url, attempts=RESTORE_ATTEMPTS)
-        self.mirror = Mirror(self.backend, self.directory, keep=keep, say=self._line, publish=publish)
+        self.mirror = Mirror(self.backend, self.directory, keep=keep, say=self._line, publish=publish, role=role)
         self.reachable = True
 
     def _line(self, text: str) -> None:

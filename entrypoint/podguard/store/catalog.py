@@ -41,15 +41,14 @@ class Stored:
             return self.manifest.rank()
         return rank_key(self.step, 0.0)
 
-    @property
-    def keys(self) -> list[str]:
-        """Every key of it the store holds or should hold, the manifest first (what deleting it removes)."""
-        keys = [manifest_key(self.name, folder=self.folder)]
-        if self.manifest is not None:
-            keys.extend(self.manifest.file_key(f) for f in self.manifest.files)
-        elif not self.folder:
-            keys.append(self.name)
-        return keys
+    def keys(self, backend: Backend) -> list[str]:
+        """Every key of it the store holds, the manifest first (what deleting it removes): a folder's whole listing
+        (other nodes' reports and the files of an upload that never finished included)."""
+        first = manifest_key(self.name, folder=self.folder)
+        if not self.folder:
+            return [first, self.name]
+        held = [f"{self.name}/{rel}" for rel in sorted(backend.list_tree(self.name))]
+        return [first, *(k for k in held if k != first)]
 
 
 def list_stored(backend: Backend, *, until_whole: bool = False) -> list[Stored]:

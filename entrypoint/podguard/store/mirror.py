@@ -25,7 +25,8 @@ from podguard.checkpoints import Checkpoint, Key, find_checkpoints, format_size,
 from podguard.durations import format_duration
 from podguard.store.backend import Backend, Cancelled, StoreError
 from podguard.store.catalog import list_stored
-from podguard.store.manifest import Manifest, rank_key
+from podguard.store.manifest import Manifest, StoredFile, rank_key
+from podguard.store.nodes import NodeRole, answer_request, gather
 from podguard.store.upload import remove, upload_checkpoint
 
 __all__ = ["Mirror", "StoreStats"]
@@ -62,6 +63,7 @@ class Mirror:
         poll_s: float = POLL_S,
         stored: Manifest | None = None,
         known: bool = False,
+        role: NodeRole | None = None,
     ) -> None:
         self.backend = backend
         self.directory = os.path.abspath(directory)
@@ -74,6 +76,8 @@ class Mirror:
         self.uploaded_bytes = self.ok = self.failed = 0
         self.uploading: str | None = None
         self.looks = 0  # cycles done (a caller can wait for the next look at DIR)
+        self.role = role if role is not None and role.nnodes > 1 else None  # multi-node (store/nodes.py)
+        self._answered: set[str] = set()
         self._pending: Checkpoint | None = None
         self._keys: frozenset[Key] | None = None
         self._chosen: Checkpoint | None = None
@@ -158,6 +162,8 @@ class Mirror:
             self._wake.clear()
 
     def _cycle(self) -> float:
+        if self.role is not None and not self.role.commits:
+            return self._contribute()
         if not self.known:
             try:
                 self._list_store()
@@ -210,7 +216,14 @@ class Mirror:
         self.uploading = name
         try:
             manifest = upload_checkpoint(
-                self.backend, checkpoint, self.directory, progress=progress, stop=self._stop.is_set, previous=previous
+                self.backend,
+                checkpoint,
+                self.directory,
+                progress=progress,
+                stop=self._stop.is_set,
+                previous=previous,
+                others=self._gather if self.role is not None else None,
+                nodes=self.role.nnodes if self.role is not None else 1,
             )
         except Cancelled as exc:
             if not self._stop.is_set():
@@ -240,6 +253,38 @@ class Mirror:
         self._prune()
         return True
 
+    def _gather(self, name: str, own: list[StoredFile], gone: Callable[[], str | None]) -> list[StoredFile]:
+        """Node 0: the other nodes' files of `name`, once every node reported (store/nodes.py)."""
+        assert self.role is not None
+        return gather(self.backend, name, own, nnodes=self.role.nnodes, stop=gone)
+
+    def _contribute(self) -> float:
+        """Node k > 0: answer node 0's request for a checkpoint's files (this node's shards of it)."""
+        assert self.role is not None
+        moved = [0]
+
+        def progress(n: int) -> None:
+            moved[0] += n
+
+        try:
+            name = answer_request(
+                self.backend,
+                self.directory,
+                node=self.role.node,
+                answered=self._answered,
+                stop=self._stop.is_set,
+                progress=progress,
+            )
+        except (StoreError, OSError) as exc:
+            self._fail(f"cannot store node {self.role.node}'s files in {self.backend.url}: {exc}")
+            return self._backoff()
+        finally:
+            self.uploaded_bytes += moved[0]
+        if name is not None:
+            self._failures, self._warned = 0, False
+            self.say(f"stored node {self.role.node}'s files of {name} in {self.backend.url} ({format_size(moved[0])})")
+        return self.poll_s
+
     def _prune(self) -> None:
         """Keep the newest `keep` whole checkpoints; older ones, and leftovers of uploads that never finished
         and are older than the newest whole one, go (each manifest first)."""
@@ -255,7 +300,10 @@ class Mirror:
         doomed = whole[self.keep :] + [s for s in stored if not s.whole and s.rank() < newest and s.step is not None]
         for s in doomed:
             if s.name != self.uploading:
-                remove(self.backend, s.keys)
+                try:
+                    remove(self.backend, s.keys(self.backend))
+                except StoreError as exc:
+                    self.say(f"warning: cannot remove {s.name} from {self.backend.url}: {exc}")
         if doomed:
             names = ", ".join(s.name for s in doomed)
             self.say(f"store {self.backend.url}: removed {names} (--store-keep {self.keep})")

@@ -20,9 +20,10 @@ from podguard.checkpoints import Checkpoint
 from podguard.store.backend import Backend, Cancelled, Progress, StoreError, crc32_of, crc_text
 from podguard.store.manifest import Manifest, StoredFile, manifest_key
 
-__all__ = ["LocalFile", "checkpoint_files", "commit", "remove", "upload_checkpoint", "upload_files"]
+__all__ = ["LocalFile", "Others", "checkpoint_files", "commit", "remove", "upload_checkpoint", "upload_files"]
 
 CHECK_EVERY_S = 0.5  # how often a transfer looks whether its checkpoint is still there
+Others = Callable[[str, list[StoredFile], Callable[[], str | None]], list[StoredFile]]  # (name, own files, gone)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,12 @@ def upload_checkpoint(
     progress: Progress,
     stop: Callable[[], bool] = lambda: False,
     previous: Manifest | None = None,
+    others: Others | None = None,
+    nodes: int = 1,
 ) -> Manifest:
     """Files first, then the manifest. `previous`: the store's manifest of the same name (a rolling save such as
-    `latest/`), removed first, so that the store never calls a mix of two saves whole."""
+    `latest/`), removed first, so that the store never calls a mix of two saves whole. `others` (node 0 of a
+    multi-node run, store/nodes.py): the files the other nodes added, once they all reported."""
     name = os.path.relpath(checkpoint.path, directory).replace(os.sep, "/")
     folder = os.path.isdir(checkpoint.path)
     files = checkpoint_files(checkpoint.path)
@@ -133,8 +137,13 @@ def upload_checkpoint(
             now = {}
         if now != before:
             raise Cancelled(gone() or f"{name} changed under {directory} during its upload")
+        if others is not None:
+            stored = [*stored, *others(name, stored, gone)]
     except Cancelled:
         keys = [f"{name}/{f.rel}" if folder else f.rel for f in files]
+        if folder:  # (and what other nodes put there)
+            with contextlib.suppress(StoreError):
+                keys = sorted({*keys, *(f"{name}/{rel}" for rel in backend.list_tree(name))})
         remove(backend, [manifest_key(name, folder=folder), *keys])
         raise
     manifest = Manifest(
@@ -146,6 +155,7 @@ def upload_checkpoint(
         size=checkpoint.size,
         files=tuple(stored),
         stored_at=time.time(),
+        nodes=nodes,
     )
     commit(backend, manifest)
     return manifest
