@@ -192,3 +192,18 @@ def test_the_metrics_show_the_store(cli_node, tmp_path, s3):
     assert sent >= ok * 10000 * 4
     assert "# TYPE podguard_store_uploaded_bytes_total counter" in metrics
     assert "podguard-test-secret" not in metrics
+
+
+def test_the_end_lines_store_fragment_reads_back_for_pod_keep(cli_node, tmp_path, s3):
+    from podguard.outcome_lines import END_LINE, newest_checkpoint, stored_checkpoint
+
+    server, bucket = s3
+    url = f"s3://{bucket}/run1"
+    args = ["run", "--checkpoints", str(tmp_path / "pod"), "--checkpoint-store", url, "--"]
+    proc, text = podguard(cli_node, [*args, *job_argv(tmp_path, steps=3, every=3)], store=server.url)
+    assert proc.returncode == 0, text
+    end = next(line for line in text.splitlines() if END_LINE.match(line))
+    local, stored = newest_checkpoint(end), stored_checkpoint(end)
+    assert local is not None and local.path == str(tmp_path / "pod" / "step-3.pt") and local.step == 3
+    assert stored is not None and stored.path == f"{url}/step-3.pt" and stored.step == 3
+    assert abs(stored.written - local.written) < 1
