@@ -36,8 +36,11 @@ sys.path.insert(0, str(ROOT / "tests" / "store"))
 from s3server import CREDENTIALS, S3Server, store_env
 
 from podguard.checkpoints import find_checkpoints
-from podguard.store import newest_whole, open_backend, parse_store_url, restore_checkpoint
+from podguard.store.catalog import newest_whole
+from podguard.store.connect import open_backend
+from podguard.store.restore import restore_checkpoint
 from podguard.store.upload import upload_checkpoint
+from podguard.store.url import parse_store_url
 
 JOB = """
 import os, sys, time, torch

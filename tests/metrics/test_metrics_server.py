@@ -33,7 +33,7 @@ from podguard.metrics.series import SERIES
 from podguard.metrics.server import MetricsServer
 from podguard.metrics.state import GpuRow, MetricsState
 from podguard.rank.progress import Beat
-from podguard.store import StoreStats
+from podguard.store.mirror import StoreStats
 
 FAST = 0.5  # the request timeout in these tests (the product's is REQUEST_TIMEOUT_S)
 

@@ -12,8 +12,9 @@ import pytest
 from ckptfiles import hf_like
 
 from podguard.checkpoints import find_checkpoints
-from podguard.store import open_backend, parse_store_url
+from podguard.store.connect import open_backend
 from podguard.store.upload import upload_checkpoint
+from podguard.store.url import parse_store_url
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from podguard.store import Mirror, list_stored, newest_whole, open_backend, parse_store_url, restore_checkpoint
+from podguard.store.catalog import list_stored, newest_whole
+from podguard.store.connect import open_backend
+from podguard.store.mirror import Mirror
 from podguard.store.nodes import NodeRole
+from podguard.store.restore import restore_checkpoint
+from podguard.store.url import parse_store_url
 
 
 def shard(folder: Path, name: str, size: int) -> None:

@@ -17,9 +17,12 @@ import pytest
 from ckptfiles import hf_like, torch_file
 
 from podguard.checkpoints import find_checkpoints
-from podguard.store import list_stored, newest_whole, open_backend, parse_store_url, restore_checkpoint
 from podguard.store.backend import Cancelled
+from podguard.store.catalog import list_stored, newest_whole
+from podguard.store.connect import open_backend
+from podguard.store.restore import restore_checkpoint
 from podguard.store.upload import upload_checkpoint
+from podguard.store.url import parse_store_url
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -151,7 +154,8 @@ def test_an_upload_killed_half_way_is_never_restored(store, tmp_path):
         f"""
         import sys, time
         from podguard.checkpoints import find_checkpoints
-        from podguard.store import open_backend, parse_store_url
+        from podguard.store.connect import open_backend
+        from podguard.store.url import parse_store_url
         from podguard.store.upload import upload_checkpoint
         backend = open_backend(parse_store_url({url!r}))
         seen = [0]
@@ -178,7 +182,7 @@ def test_an_upload_killed_half_way_is_never_restored(store, tmp_path):
 
 
 def test_store_keep_deletes_older_checkpoints_only_after_a_newer_one_is_whole(store, tmp_path):
-    from podguard.store import Mirror
+    from podguard.store.mirror import Mirror
 
     url, backend = store
     pod1 = tmp_path / "pod1"

@@ -20,8 +20,11 @@ from podguard.checkpoints import Finding, find_checkpoints, table
 from podguard.checkpoints import as_json as to_json
 from podguard.cli.params import Json
 from podguard.errors import ExitCode, PodguardError, UsageError
-from podguard.store import StoreError, StoreRefused, list_stored, open_backend, parse_store_url
+from podguard.store.backend import StoreError, StoreRefused
+from podguard.store.catalog import list_stored
+from podguard.store.connect import open_backend
 from podguard.store.render import store_json, store_table
+from podguard.store.url import parse_store_url
 
 __all__ = ["checkpoints", "register"]
 

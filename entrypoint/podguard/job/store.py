@@ -23,19 +23,14 @@ from typing import TYPE_CHECKING
 from podguard.checkpoints import Checkpoint, Finding, format_size
 from podguard.checkpoints.render import utc
 from podguard.durations import format_duration
-from podguard.store import (
-    Mirror,
-    RestoreError,
-    Stored,
-    StoreError,
-    StoreStats,
-    StoreUrl,
-    newest_whole,
-    open_backend,
-    restore_checkpoint,
-)
+from podguard.store.backend import StoreError
+from podguard.store.catalog import Stored, newest_whole
+from podguard.store.connect import open_backend
 from podguard.store.manifest import rank_key
+from podguard.store.mirror import Mirror, StoreStats
 from podguard.store.nodes import NodeRole
+from podguard.store.restore import RestoreError, restore_checkpoint
+from podguard.store.url import StoreUrl
 
 if TYPE_CHECKING:
     from podguard.launch.config import LaunchOptions

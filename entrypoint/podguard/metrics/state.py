@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
     from podguard.guards.budget import Budget
     from podguard.launch.watch.runtime import RuntimeWatch
-    from podguard.store import StoreStats
+    from podguard.store.mirror import StoreStats
 
 __all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot"]
 
