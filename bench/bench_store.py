@@ -1,7 +1,7 @@
 """What the checkpoint store costs (`--checkpoint-store`, issue 31), against moto's S3 server on loopback (its own
 process, pinned to the last CPU so that it does not take the job's).
 
-    python bench/bench_store.py [--quick] [--size-mb 512] [--restore-gb 2]
+    python bench/bench_store.py [--quick] [--size-mb 512] [--restore-gb 2] [--only upload|steps|restore]
 
 1. Upload throughput of one checkpoint (a folder of two files, --size-mb in all): podguard's upload
    (store/upload.py: its CRC-32 pass, boto3's transfer manager with 50 MB parts, HeadObject, the manifest) beside
@@ -9,8 +9,8 @@ process, pinned to the last CPU so that it does not take the job's).
    interleaved, median of 3; and the CPU seconds each took in this process (podguard's beyond boto3's = the cost
    of its checks).
 2. Step time of a job that saves a 40 MB checkpoint every 3 s, under `podguard run --checkpoints` for 30 s,
-   without a store, with `s3://` (moto) and with `file://`; the median step and podguard's own CPU (% of a core,
-   from /proc) in each.
+   without a store, with `s3://` (moto) and with `file://`, then without a store again (the noise); the median step
+   and podguard's own CPU (% of a core, from /proc) in each.
 3. Restore time of a --restore-gb checkpoint (two files) into an empty DIR: download, CRC-32 check, rename.
 `--quick`: 64 MB, 10 s runs, a 256 MB restore.
 """
@@ -147,41 +147,55 @@ def _creds() -> dict[str, str]:
     }
 
 
-def step_times(server: S3Server, seconds: float) -> None:
+def step_times(server: S3Server, seconds: float, rounds: int) -> None:
     node = fake_node(1)
     tmp = Path(tempfile.mkdtemp(prefix="podguard-bench-steps-"))
     job = tmp / "job.py"
     job.write_text(JOB)
+    cases = {"no store": None, "s3:// (moto)": "s3://bench/steps", "file://": f"file://{tmp / 'filestore'}"}
+    runs: dict[str, list[tuple[int, float, float, int, float, float]]] = {k: [] for k in cases}
     try:
-        print(f"2. a job saving a 40 MB checkpoint every 3 s for {seconds:.0f} s under `podguard run` (CPU only)")
-        rows = []
-        for label, store in (("no store", None), ("s3:// (moto)", "s3://bench/steps"), ("file://", "file")):
-            d = tmp / f"ckpt-{len(rows)}"
-            args = ["run", "--checkpoints", str(d)]
-            if store == "file":
-                store = f"file://{tmp / 'filestore'}"
-            if store:
-                args += ["--checkpoint-store", store]
-            env = {**node_env(node, LD_LIBRARY_PATH=""), **store_env(server.url), "AWS_MAX_ATTEMPTS": "5"}
-            t0 = time.monotonic()
-            proc = subprocess.Popen([*PODGUARD, *args, "--", sys.executable, str(job), str(seconds), "3", "40"],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-            sampler = _CpuSampler(proc.pid)
-            out, _ = proc.communicate(timeout=seconds + 180)
-            sampler.stop()
-            cpu = f"{sampler.seconds:5.2f} s = {100 * sampler.seconds / (time.monotonic() - t0):4.1f} % of a core"
-            m = re.search(r"STEPS (\d+) median_ms (\S+) mean_ms (\S+)", out)
-            if proc.returncode != 0 or m is None:
-                raise SystemExit(f"the job failed ({proc.returncode}):\n{out[-3000:]}")
-            stored = len(re.findall(r"podguard: stored ", out))
-            rows.append((label, int(m.group(1)), float(m.group(2)), float(m.group(3)), stored, cpu))
-        base = rows[0][2]
-        for label, steps, median, mean, stored, cpu in rows:
-            print(f"   {label:14s} steps {steps:6d}  median {median:7.3f} ms ({median / base:5.3f}x)  mean "
-                  f"{mean:7.3f} ms  uploads {stored:3d}  podguard CPU {cpu}")  # fmt: skip
+        print(f"2. a job saving a 40 MB checkpoint every 3 s, {seconds:.0f} s under `podguard run` (CPU only), "
+              f"{rounds} interleaved rounds; medians of the rounds")  # fmt: skip
+        for r in range(rounds):
+            for label, store in cases.items():
+                args = ["run", "--checkpoints", str(tmp / f"ckpt-{r}-{len(runs[label])}-{label[:2]}")]
+                if store:  # (a store of its own per run: a store holding a newer checkpoint would be restored)
+                    args += ["--checkpoint-store", f"{store}-{r}"]
+                runs[label].append(_one_run(node, server, job, args, seconds))
+        base = statistics.median(x[1] for x in runs["no store"])
+        base_mean = statistics.median(x[2] for x in runs["no store"])
+        for label, rows in runs.items():
+            median = statistics.median(x[1] for x in rows)
+            mean = statistics.median(x[2] for x in rows)
+            steps = statistics.median(x[0] for x in rows)
+            uploads = statistics.median(x[3] for x in rows)
+            cpu = statistics.median(x[4] for x in rows)
+            share = statistics.median(100 * x[4] / x[5] for x in rows)
+            print(f"   {label:14s} steps {steps:6.0f}  median step {median:7.3f} ms ({median / base:5.3f}x)  mean "
+                  f"{mean:7.3f} ms ({mean / base_mean:5.3f}x)  uploads {uploads:3.0f}  podguard CPU {cpu:5.2f} s = "
+                  f"{share:4.1f} % of a core")  # fmt: skip
+        spread = [x[1] for x in runs["no store"]]
+        print(f"   (no store, round to round: median step {min(spread):.3f}-{max(spread):.3f} ms)")
     finally:
         node.teardown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _one_run(node, server, job: Path, args: list[str], seconds: float) -> tuple[int, float, float, int, float, float]:  # type: ignore[no-untyped-def]
+    env = {**node_env(node, LD_LIBRARY_PATH=""), **store_env(server.url), "AWS_MAX_ATTEMPTS": "5"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*PODGUARD, *args, "--", sys.executable, str(job), str(seconds), "3", "40"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    sampler = _CpuSampler(proc.pid)
+    out, _ = proc.communicate(timeout=seconds + 180)
+    sampler.stop()
+    wall = time.monotonic() - t0
+    m = re.search(r"STEPS (\d+) median_ms (\S+) mean_ms (\S+)", out)
+    if proc.returncode != 0 or m is None:
+        raise SystemExit(f"the job failed ({proc.returncode}):\n{out[-3000:]}")
+    uploads = len(re.findall(r"podguard: stored ", out))
+    return int(m.group(1)), float(m.group(2)), float(m.group(3)), uploads, sampler.seconds, wall
 
 
 class _CpuSampler:
@@ -236,6 +250,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--size-mb", type=int, default=None)
     parser.add_argument("--restore-gb", type=float, default=None)
+    parser.add_argument("--only", choices=("upload", "steps", "restore"), default=None)
     args = parser.parse_args()
     size_mb = args.size_mb or (64 if args.quick else 512)
     restore_gb = args.restore_gb or (0.25 if args.quick else 2.0)
@@ -247,9 +262,12 @@ def main() -> int:
     os.environ["AWS_ENDPOINT_URL_S3"] = server.url
     try:
         server.bucket("bench")
-        throughput(server, size_mb, 3)
-        step_times(server, 10.0 if args.quick else 30.0)
-        restore_time(server, restore_gb)
+        if args.only in (None, "upload"):
+            throughput(server, size_mb, 3)
+        if args.only in (None, "steps"):
+            step_times(server, 10.0 if args.quick else 20.0, 1 if args.quick else 3)
+        if args.only in (None, "restore"):
+            restore_time(server, restore_gb)
     finally:
         server.stop()
     return 0

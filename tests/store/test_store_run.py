@@ -207,3 +207,49 @@ def test_the_end_lines_store_fragment_reads_back_for_pod_keep(cli_node, tmp_path
     assert local is not None and local.path == str(tmp_path / "pod" / "step-3.pt") and local.step == 3
     assert stored is not None and stored.path == f"{url}/step-3.pt" and stored.step == 3
     assert abs(stored.written - local.written) < 1
+
+
+@pytest.mark.parametrize("kind", ["s3", "file"])
+def test_a_restore_that_fails_leaves_nothing_behind_and_falls_back(cli_node, tmp_path, s3, kind):
+    """The store's copy of a file is damaged (same size, other bytes): its CRC-32 does not match the manifest."""
+    server, bucket = s3
+    url = f"s3://{bucket}/run1" if kind == "s3" else f"file://{tmp_path / 'store'}"
+    pod1, pod2 = tmp_path / "pod1", tmp_path / "pod2"
+    args = ["run", "--checkpoints", str(pod1), "--checkpoint-store", url, "--"]
+    proc, text = podguard(cli_node, [*args, *job_argv(tmp_path, steps=3, every=3)], store=server.url)
+    assert proc.returncode == 0 and "stored step-3.pt" in text, text
+    damaged = bytes(b ^ 0xFF for b in (pod1 / "step-3.pt").read_bytes())
+    if kind == "s3":
+        server.client().put_object(Bucket=bucket, Key="run1/step-3.pt", Body=damaged)
+    else:
+        (tmp_path / "store" / "step-3.pt").write_bytes(damaged)
+    (pod2 / "old").mkdir(parents=True)
+    args2 = ["run", "--checkpoints", str(pod2), "--checkpoint-store", url, "--", "sh", "-c", "ls -A " + str(pod2)]
+    proc, text = podguard(cli_node, args2, store=server.url)
+    assert proc.returncode == 0, text
+    assert f"podguard: warning: could not restore step-3.pt from {url}: step-3.pt came with CRC-32 " in text, text
+    assert "falling back to none: the job starts from scratch" in text
+    assert f"podguard: no checkpoint yet in {pod2}" in text
+    assert sorted(p.name for p in pod2.iterdir()) == ["old"]  # nothing half-written, no hidden folder left
+
+
+def test_a_store_that_does_not_answer_at_the_start_is_a_warning_and_the_job_runs(cli_node, tmp_path, s3):
+    from s3server import Relay
+
+    server, bucket = s3
+    relay = Relay(server.port)
+    relay.down()
+    try:
+        args = ["run", "--checkpoints", str(tmp_path / "pod"), "--checkpoint-store", f"s3://{bucket}/run1"]
+        t0 = time.monotonic()
+        proc, text = podguard(
+            cli_node, [*args, "--", "echo", "trained"], store=relay.url, env={"AWS_MAX_ATTEMPTS": "3"}
+        )
+        took = time.monotonic() - t0
+    finally:
+        relay.close()
+    assert proc.returncode == 0, text
+    assert "trained" in text
+    assert "warning: the checkpoint store does not answer now (cannot reach" in text
+    assert "the job goes on without it" in text
+    assert took < 60, took  # (a few fast retries, not minutes)

@@ -224,3 +224,17 @@ def test_the_manifest_names_every_file_with_its_size_and_crc32(store, tmp_path):
             assert f["size"] == p.stat().st_size
             assert f["crc32"] == f"{zlib.crc32(p.read_bytes()):08x}"
     assert time.time() - data["stored_at"] < 120
+
+
+def test_a_restore_killed_before_its_rename_leaves_a_hidden_folder_the_next_restore_removes(store, tmp_path):
+    _url, backend = store
+    pod1 = tmp_path / "pod1"
+    hf_like(pod1, 8)
+    upload_checkpoint(backend, find_checkpoints(pod1).chosen, str(pod1), progress=lambda n: None)
+    pod2 = tmp_path / "pod2"
+    stale = pod2 / ".podguard-restore-checkpoint-8-999999999"  # a podguard that was SIGKILLed mid-download
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    assert find_checkpoints(pod2).checkpoints == ()  # the finder never takes it for a checkpoint
+    restore_checkpoint(backend, newest_whole(backend), str(pod2), say=print)
+    assert sorted(p.name for p in pod2.iterdir()) == ["checkpoint-8"]

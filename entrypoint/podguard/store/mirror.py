@@ -15,6 +15,7 @@ then retries with backoff; a checkpoint whose upload failed is tried again, or t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -150,6 +151,7 @@ class Mirror:
 
     # -- the thread -----------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        _lower_priority()
         while not self._stop.is_set():
             delay = self.poll_s
             try:
@@ -341,3 +343,14 @@ def _env_seconds(name: str, default: float) -> float:
         return max(0.05, float(raw)) if raw else default
     except ValueError:
         return default
+
+
+NICE = 10  # the mirror's threads yield the CPU to the training processes (nice 0): an upload never slows a step
+
+
+def _lower_priority() -> None:
+    """Nice this thread (Linux's nice is per thread, and the transfer manager's threads, started from this one,
+    inherit it); the supervisor's loop and the job keep theirs."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), NICE))
