@@ -238,3 +238,12 @@ def test_a_restore_killed_before_its_rename_leaves_a_hidden_folder_the_next_rest
     assert find_checkpoints(pod2).checkpoints == ()  # the finder never takes it for a checkpoint
     restore_checkpoint(backend, newest_whole(backend), str(pod2), say=print)
     assert sorted(p.name for p in pod2.iterdir()) == ["checkpoint-8"]
+
+
+def test_parts_never_exceed_runpods_500_mb_and_never_number_more_than_10000():
+    from podguard.store.s3 import PART_MAX, chunk_for
+
+    for size in (1, 10**9, 160 * 10**9, 10**12, 3 * 10**12, 4 * 10**12, 5 * 10**12):  # up to S3's 5 TB
+        chunk = chunk_for(size, 16 * 2**20)
+        assert chunk <= PART_MAX == 500 * 10**6
+        assert -(-size // chunk) <= 10_000, (size, chunk)

@@ -29,7 +29,8 @@ from podguard.store.url import StoreUrl
 __all__ = ["ENV_PART_BYTES", "PART_MAX", "S3Backend", "part_size"]
 
 ENV_PART_BYTES = "PODGUARD_STORE_PART_BYTES"  # the multipart part size (and threshold); tests make it small
-PART_DEFAULT = 50 * 10**6  # doubled by s3transfer past 10,000 parts: <= 400 MB for files up to 4 TB
+PART_DEFAULT = 16 * 2**20  # (bench/bench_store.py: 16 MiB parts kept pace with boto3's defaults, 50 MB did not)
+PARTS_MAX = 10_000  # S3's most parts per upload: a bigger file gets bigger parts (chunk_for), never above PART_MAX
 PART_MIN = 5 * 2**20  # S3's smallest part
 PART_MAX = 500 * 10**6  # RunPod's S3 API: parts of at most 500 MB (and PutObject below 500 MB)
 CONCURRENCY = 8  # parts in flight per file
@@ -51,7 +52,7 @@ _CREDENTIAL_SOURCES = {
 
 
 def part_size() -> int:
-    """The part size: PODGUARD_STORE_PART_BYTES, else 50 MB; kept within S3's 5 MiB and RunPod's 500 MB."""
+    """The part size: PODGUARD_STORE_PART_BYTES, else 16 MiB; kept within S3's 5 MiB and RunPod's 500 MB."""
     raw = os.environ.get(ENV_PART_BYTES, "").strip()
     if not raw:
         return PART_DEFAULT
@@ -62,6 +63,15 @@ def part_size() -> int:
     if not PART_MIN <= value <= PART_MAX:
         raise UsageError(f"{ENV_PART_BYTES}={value} is not valid; expected {PART_MIN}-{PART_MAX} bytes")
     return value
+
+
+def chunk_for(size: int, part: int) -> int:
+    """The part size for a file of `size` bytes: `part`, doubled while the file would need more than 10,000 parts,
+    never above RunPod's 500 MB (s3transfer's own adjustment would double past it for files over 2.7 TB)."""
+    chunk = part
+    while -(-size // chunk) > PARTS_MAX and chunk < PART_MAX:
+        chunk = min(chunk * 2, PART_MAX)
+    return chunk
 
 
 def _import_boto3() -> Any:
@@ -98,7 +108,7 @@ class S3Backend:
         self.client = self.session.client("s3", region_name=region, config=quick)
         slow = self.session.client("s3", region_name=region, config=Config(read_timeout=COMPLETE_TIMEOUT_S, **common))
         self.endpoint = self.client.meta.endpoint_url
-        self._manager: Any = None
+        self._managers: dict[int, Any] = {}  # part size -> transfer manager
         self._slow = slow
         self._lock = threading.Lock()
 
@@ -186,7 +196,7 @@ class S3Backend:
 
     # -- files ----------------------------------------------------------------------------------------------
     def upload_file(self, path: str, key: str, size: int, crc: int, progress: Progress) -> None:
-        self._upload(path, key, progress)
+        self._upload(path, key, size, progress)
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self.root + key, ChecksumMode="ENABLED")
         except Exception as exc:
@@ -202,12 +212,14 @@ class S3Backend:
             if theirs != crc:
                 raise StoreError(f"{key}: the store's CRC-32 is {crc_text(theirs)}, the file's {crc_text(crc)}")
 
-    def _upload(self, path: str, key: str, progress: Progress) -> None:
-        future = self._transfers().upload(path, self.bucket, self.root + key, subscribers=[_Progress(progress)])
+    def _upload(self, path: str, key: str, size: int, progress: Progress) -> None:
+        manager = self._transfers(chunk_for(size, part_size()))
+        future = manager.upload(path, self.bucket, self.root + key, subscribers=[_Progress(progress)])
         self._wait(future)
 
     def download_file(self, key: str, path: str, progress: Progress) -> None:
-        future = self._transfers().download(self.bucket, self.root + key, path, subscribers=[_Progress(progress)])
+        manager = self._transfers(part_size())
+        future = manager.download(self.bucket, self.root + key, path, subscribers=[_Progress(progress)])
         self._wait(future)
 
     def _wait(self, future: Any) -> None:
@@ -218,22 +230,21 @@ class S3Backend:
         except Exception as exc:
             raise self._error(exc) from None
 
-    def _transfers(self) -> Any:
+    def _transfers(self, part: int) -> Any:
         with self._lock:
-            if self._manager is None:
+            if part not in self._managers:
                 from s3transfer.manager import TransferConfig, TransferManager  # lazy: optional extra
 
-                part = part_size()
                 config = TransferConfig(
                     multipart_threshold=part, multipart_chunksize=part, max_request_concurrency=CONCURRENCY
                 )
-                self._manager = TransferManager(_SlowCompletion(self.client, self._slow), config)
-            return self._manager
+                self._managers[part] = TransferManager(_SlowCompletion(self.client, self._slow), config)
+            return self._managers[part]
 
     def close(self) -> None:
         with self._lock:
-            manager, self._manager = self._manager, None
-        if manager is not None:
+            managers, self._managers = list(self._managers.values()), {}
+        for manager in managers:
             manager.shutdown(cancel=True)
 
     # -- errors -----------------------------------------------------------------------------------------------
