@@ -247,3 +247,17 @@ def test_parts_never_exceed_runpods_500_mb_and_never_number_more_than_10000():
         chunk = chunk_for(size, 16 * 2**20)
         assert chunk <= PART_MAX == 500 * 10**6
         assert -(-size // chunk) <= 10_000, (size, chunk)
+
+
+def test_a_multi_node_run_gives_the_mirror_its_node_role(tmp_path):
+    from podguard.job.store import open_store_sync
+    from podguard.launch.config import LaunchOptions
+    from podguard.store.nodes import NodeRole
+    from podguard.store.url import parse_store_url
+
+    url = parse_store_url(f"file://{tmp_path / 'store'}")
+    for nnodes, rank, role in ((None, None, None), (2, 1, NodeRole(1, 2)), (3, 0, NodeRole(0, 3))):
+        opts = LaunchOptions(checkpoints=tmp_path / "ckpt", checkpoint_store=url, nnodes=nnodes, node_rank=rank)
+        sync = open_store_sync(opts)
+        assert sync is not None and sync.mirror.role == role
+        sync.close()

@@ -86,7 +86,10 @@ class StoreSync:
             self.quick.check()
         except StoreError as exc:
             self.reachable = False
-            self._line(f"warning: the checkpoint store does not answer now ({exc}); the job goes on without it")
+            self._line(
+                f"warning: the checkpoint store does not answer now ({exc}); the job goes on, podguard tries the "
+                "store again in the background"
+            )
 
     # -- before each attempt ------------------------------------------------------------------------------------
     def restore(self, finding: Finding, find: Callable[[], Finding]) -> Finding:
@@ -137,8 +140,7 @@ class StoreSync:
         """RESTART's and END's part: the newest whole checkpoint in the store (outcome_lines.stored_checkpoint)."""
         m = self.mirror.stored
         if m is None:
-            known = "nothing stored yet" if self.mirror.known else "the store's newest is unknown"
-            return f"{known} in {self.url}"
+            return f"nothing stored yet in {self.url}" if self.mirror.known else f"store {self.url} not reached"
         step = f"step {m.step}, " if m.step is not None else ""
         return f"stored {m.name} ({step}written {utc(m.written_at)}) in {self.url}"
 

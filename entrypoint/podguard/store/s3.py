@@ -30,6 +30,7 @@ __all__ = ["ENV_PART_BYTES", "PART_MAX", "S3Backend", "part_size"]
 
 ENV_PART_BYTES = "PODGUARD_STORE_PART_BYTES"  # the multipart part size (and threshold); tests make it small
 PART_DEFAULT = 16 * 2**20  # (bench/bench_store.py: 16 MiB parts kept pace with boto3's defaults, 50 MB did not)
+DOWNLOAD_PART = 64 * 2**20  # ranged GETs of a restore (bench/bench_store.py: fewer, larger ranges came faster)
 PARTS_MAX = 10_000  # S3's most parts per upload: a bigger file gets bigger parts (chunk_for), never above PART_MAX
 PART_MIN = 5 * 2**20  # S3's smallest part
 PART_MAX = 500 * 10**6  # RunPod's S3 API: parts of at most 500 MB (and PutObject below 500 MB)
@@ -218,7 +219,7 @@ class S3Backend:
         self._wait(future)
 
     def download_file(self, key: str, path: str, progress: Progress) -> None:
-        manager = self._transfers(part_size())
+        manager = self._transfers(max(part_size(), DOWNLOAD_PART))
         future = manager.download(self.bucket, self.root + key, path, subscribers=[_Progress(progress)])
         self._wait(future)
 
