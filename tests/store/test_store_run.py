@@ -66,7 +66,9 @@ def test_a_new_pod_with_an_empty_dir_comes_back_from_the_store(cli_node, tmp_pat
     args = ["run", "--checkpoints", str(pod1), "--checkpoint-store", url, "--"]
     proc, text = podguard(cli_node, [*args, *job_argv(tmp_path, steps=6, every=3)], store=server.url)
     assert proc.returncode == 0, text
-    assert re.search(rf"podguard: stored step-6\.pt in {re.escape(url)} \([\d.]+ [KM]?B in [\d.]+s, ", text), text
+    assert re.search(
+        rf"podguard: stored step-6\.pt in {re.escape(url)} \([\d.]+ [KM]?B in [\d.]+ s, [\d.]+ [KMG]?B/s\)$", text, re.M
+    ), text
     end = next(line for line in text.splitlines() if " END " in line)
     assert re.search(rf"; stored step-6\.pt \(step 6, written \d{{4}}-\d\d-\d\dT[\d:]+Z\) in {re.escape(url)}", end)
     assert len(end) < 400

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from podguard.checkpoints import Checkpoint, Finding, format_size
 from podguard.checkpoints.render import utc
 from podguard.durations import format_duration
-from podguard.store.backend import StoreError
+from podguard.store.backend import StoreError, took_text
 from podguard.store.catalog import Stored, newest_whole
 from podguard.store.connect import open_backend
 from podguard.store.manifest import rank_key
@@ -127,7 +127,7 @@ class StoreSync:
             self._line(f"warning: could not restore {m.name} from {self.url}: {exc}; falling back to {fallback}")
             return finding
         step = f" (step {m.step})" if m.step is not None else ""
-        took = format_duration(time.monotonic() - t0)
+        took = took_text(time.monotonic() - t0)
         self._line(f"restored {m.name}{step} from {self.url}: {format_size(m.bytes)} in {took}")
         self.mirror.note_restored(m)
         return find()

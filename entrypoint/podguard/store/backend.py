@@ -26,6 +26,8 @@ __all__ = [
     "StoreUnreachable",
     "crc32_of",
     "crc_text",
+    "rate_text",
+    "took_text",
 ]
 
 CHUNK = 8 << 20  # bytes per read when podguard itself reads a file (its checksum, the file store's copy)
@@ -107,6 +109,26 @@ def crc32_of(path: str, size: int | None = None, progress: Progress | None = Non
     if size is not None and seen != size:
         raise OSError(f"{path} is {seen} bytes, not {size} (it changed)")
     return crc
+
+
+def took_text(seconds: float) -> str:
+    """A transfer's time as the store's lines say it: `0.4 s`, `41 s`, `12 min 5 s`."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 600:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs} s"
+
+
+def rate_text(size: int, seconds: float) -> str:
+    """`80 MB/s`, `4.2 MB/s`, `950 KB/s` (decimal units, as format_size)."""
+    value = size / max(seconds, 1e-6)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if value >= scale:
+            v = value / scale
+            return f"{v:.1f} {unit}/s" if v < 10 else f"{v:.0f} {unit}/s"
+    return f"{value:.0f} B/s"
 
 
 def crc_text(crc: int) -> str:

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from podguard.checkpoints import Checkpoint, Key, find_checkpoints, format_size, list_keys
-from podguard.durations import format_duration
-from podguard.store.backend import Backend, Cancelled, StoreError
+from podguard.store.backend import Backend, Cancelled, StoreError, rate_text, took_text
 from podguard.store.catalog import list_stored
 from podguard.store.manifest import Manifest, StoredFile, rank_key
 from podguard.store.nodes import NodeRole, answer_request, gather
@@ -240,10 +239,9 @@ class Mirror:
             self.uploading = None
             self.uploaded_bytes += moved[0]
         elapsed = max(time.monotonic() - t0, 1e-6)
-        rate = format_size(int(manifest.bytes / elapsed))
+        rate = rate_text(manifest.bytes, elapsed)
         self.say(  # (before the waiters hear of it: their next line comes after this one)
-            f"stored {name} in {self.backend.url} ({format_size(manifest.bytes)} in {format_duration(elapsed)}, "
-            f"{rate}/s)"
+            f"stored {name} in {self.backend.url} ({format_size(manifest.bytes)} in {took_text(elapsed)}, {rate})"
         )
         with self._cond:
             self.stored = manifest
