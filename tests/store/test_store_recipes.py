@@ -24,12 +24,13 @@ TRAIN = """
 import os, torch
 from podguard.rank import resume_from
 d = os.environ["PODGUARD_CHECKPOINTS"]
-os.makedirs(d, exist_ok=True)
 start = 1 if resume_from() is None else torch.load(resume_from(), weights_only=True)["step"] + 1
 for step in range(start, start + 3):
     print(f"step {step}", flush=True)
-torch.save({"step": start + 2}, os.path.join(d, ".step.pt.tmp"))
-os.replace(os.path.join(d, ".step.pt.tmp"), os.path.join(d, f"step-{start + 2}.pt"))
+if int(os.environ.get("RANK", "0")) == 0:  # (one saver, however many ranks this node was given)
+    os.makedirs(d, exist_ok=True)
+    torch.save({"step": start + 2}, os.path.join(d, ".step.pt.tmp"))
+    os.replace(os.path.join(d, ".step.pt.tmp"), os.path.join(d, f"step-{start + 2}.pt"))
 """
 
 
