@@ -111,6 +111,7 @@ class Relay:
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self.refused = 0
+        self._bad_gateway = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def down(self) -> None:
@@ -124,7 +125,13 @@ class Relay:
                 s.close()
 
     def up(self) -> None:
+        self._bad_gateway = False
         self._up.set()
+
+    def bad_gateway(self) -> None:
+        """Answer every request 502 Bad Gateway (RunPod's S3 API under load) until `up()`."""
+        self._bad_gateway = True
+        self._up.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -139,7 +146,10 @@ class Relay:
                 return
             if not self._up.is_set():
                 self.refused += 1
-                conn.close()
+                if self._bad_gateway:
+                    threading.Thread(target=self._answer_502, args=(conn,), daemon=True).start()
+                else:
+                    conn.close()
                 continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
@@ -149,6 +159,23 @@ class Relay:
             with self._lock:
                 self._pairs.append((conn, upstream))
             threading.Thread(target=self._pump, args=(conn, upstream), daemon=True).start()
+
+    @staticmethod
+    def _answer_502(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.settimeout(5)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            body = b"<html><body>502 Bad Gateway</body></html>"
+            conn.sendall(
+                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         try:

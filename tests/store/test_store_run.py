@@ -110,7 +110,8 @@ def test_the_newest_wins_both_ways(cli_node, tmp_path, s3):
     assert "restored" not in text and f"resuming from {pod2 / 'step-12.pt'}" in text, text
 
 
-def test_the_store_going_away_mid_run_neither_fails_nor_slows_the_job_and_it_catches_up(cli_node, tmp_path, s3):
+@pytest.mark.parametrize("outage", ["dropped", "502"])
+def test_the_store_going_away_mid_run_neither_fails_nor_slows_the_job_and_it_catches_up(cli_node, tmp_path, s3, outage):
     from s3server import Relay
 
     server, bucket = s3
@@ -133,7 +134,10 @@ def test_the_store_going_away_mid_run_neither_fails_nor_slows_the_job_and_it_cat
         )
         try:
             _wait_for(log, "podguard: stored step-", 60)
-            relay.down()  # the store goes away
+            if outage == "502":
+                relay.bad_gateway()  # the store answers 502 Bad Gateway to every request
+            else:
+                relay.down()  # the store goes away: connections dropped, new ones closed at once
             _wait_for(log, "warning: cannot store", 60)
             relay.up()  # and comes back
             code = proc.wait(120)

@@ -100,6 +100,9 @@ class StoreSync:
             self.mirror.start()  # (once: after the first attempt's restore, so that it is not stored again)
 
     def _restore(self, finding: Finding, find: Callable[[], Finding]) -> Finding:
+        if not self.reachable:  # it did not answer a moment ago (said then): the first attempt does not wait again
+            self.reachable = True
+            return finding
         try:
             stored = newest_whole(self.quick)
         except StoreError as exc:
