@@ -123,3 +123,30 @@ def test_on_a_dir_every_node_shares_nothing_is_copied_twice(backend, tmp_path, m
     assert sorted(f.path for f in stored.manifest.files) == ["COMPLETED", "__0_0.distcp", "__1_0.distcp"]
     assert m1.uploaded_bytes == 0  # node 1 held nothing node 0 had not stored already
     assert "stored node 1's files of step_7 in" in "\n".join(lines)
+
+
+def test_a_rank_0_only_save_is_committed_once_the_other_node_said_it_holds_nothing(backend, tmp_path, monkeypatch):
+    """HF Trainer, Lightning or plain torch under DDP: rank 0 writes the whole checkpoint on node 0's disk; node 1
+    holds nothing of it, reports so, and gets it whole on its restore."""
+    from ckptfiles import hf_like
+
+    monkeypatch.setenv("PODGUARD_STORE_NODE_TIMEOUT", "60")
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    folder = hf_like(node0, 40)
+    node1.mkdir()
+    lines: list[str] = []
+    m0, m1 = mirrors(backend, node0, node1, lines)
+    m0.start()
+    m1.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (stored := newest_whole(backend)) is None:
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.1)
+    finally:
+        m0.close()
+        m1.close()
+    assert stored.name == "checkpoint-40" and stored.manifest.nodes == 2
+    assert m1.uploaded_bytes == 0
+    restore_checkpoint(backend, stored, str(node1), say=print)
+    assert digest(node1 / "checkpoint-40") == digest(folder)
