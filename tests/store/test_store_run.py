@@ -260,3 +260,19 @@ def test_a_store_that_does_not_answer_at_the_start_is_a_warning_and_the_job_runs
     assert "the job goes on, podguard tries the store again in the background" in text
     assert f"; store s3://{bucket}/run1 not reached" in text  # the END line
     assert took < 60, took  # (a few fast retries, not minutes)
+
+
+def test_the_options_read_their_podguard_variables(cli_node, tmp_path, s3):
+    """What the pod spec's [checkpoints] table passes: PODGUARD_CHECKPOINTS, _CHECKPOINT_STORE, _STORE_KEEP."""
+    server, bucket = s3
+    url = f"s3://{bucket}/env"
+    env = {"PODGUARD_CHECKPOINTS": str(tmp_path / "pod"), "PODGUARD_CHECKPOINT_STORE": url, "PODGUARD_STORE_KEEP": "0"}
+    proc, text = podguard(cli_node, ["run", "--", "true"], store=server.url, env=env)
+    assert proc.returncode == 64 and "--store-keep=0 is not valid; expected an integer >= 1" in text, text
+    env["PODGUARD_STORE_KEEP"] = "1"
+    proc, text = podguard(cli_node, ["run", "--", *job_argv(tmp_path, steps=4, every=2, step_s=0.3)], store=server.url,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0, text
+    assert f"podguard: stored step-4.pt in {url}" in text
+    keys = server.keys(bucket, "env/")
+    assert "env/step-4.pt.podguard-manifest.json" in keys and "env/step-2.pt" not in keys, keys  # keep 1
