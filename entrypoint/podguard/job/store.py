@@ -150,6 +150,8 @@ class StoreSync:
     def flush(self, timeout_s: float) -> None:
         """The newest whole local checkpoint into the store before the run ends, within `timeout_s`."""
         pending = self._pending_after_a_look()
+        if self.mirror.role is not None and not self.mirror.role.commits:
+            self.mirror.refresh()  # (node 0 commits: this node's END names what it committed)
         if pending is None:
             return
         name = self._name(pending)

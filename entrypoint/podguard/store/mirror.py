@@ -111,7 +111,11 @@ class Mirror:
         s = self.stored
         if s is None:
             return False
-        return s.same_as(self._name(c), c.mtime, c.size) or s.rank() > rank_key(c.step, c.mtime)
+        if s.rank() > rank_key(c.step, c.mtime) or s.same_as(self._name(c), c.mtime, c.size):
+            return True
+        # the same save, stored with other nodes' files (a bigger size, their mtimes): not to be stored again; a
+        # folder saved again under its name (a rolling `latest/`) is newer than what the store holds
+        return s.name == self._name(c) and s.step == c.step and s.written_at >= c.mtime - 1e-3
 
     def wait_for(self, checkpoint: Checkpoint, timeout_s: float) -> bool:
         """Until the store holds `checkpoint` (True) or `timeout_s` passed (False)."""
@@ -138,6 +142,11 @@ class Mirror:
             if manifest is not None and (self.stored is None or manifest.rank() >= self.stored.rank()):
                 self.stored = manifest
             self._cond.notify_all()
+
+    def refresh(self) -> None:
+        """List the store now (a node that only contributes learns what node 0 committed); quiet on failure."""
+        with contextlib.suppress(StoreError):
+            self._list_store()
 
     def note_restored(self, manifest: Manifest) -> None:
         self.note_listed(manifest)

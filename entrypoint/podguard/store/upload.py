@@ -137,8 +137,8 @@ def upload_checkpoint(
             now = {}
         if now != before:
             raise Cancelled(gone() or f"{name} changed under {directory} during its upload")
-        if others is not None:
-            stored = [*stored, *others(name, stored, gone)]
+        added = others(name, stored, gone) if others is not None else []
+        stored = [*stored, *added]
     except Cancelled:
         keys = [f"{name}/{f.rel}" if folder else f.rel for f in files]
         if folder:  # (and what other nodes put there)
@@ -151,8 +151,9 @@ def upload_checkpoint(
         folder=folder,
         layout=str(checkpoint.layout),
         step=checkpoint.step,
-        written_at=checkpoint.mtime,
-        size=checkpoint.size,
+        # (with other nodes' files: the checkpoint as a restore lays it out, all files in one folder)
+        written_at=max([checkpoint.mtime, *(f.mtime for f in added)]),
+        size=checkpoint.size + sum(f.size for f in added),
         files=tuple(stored),
         stored_at=time.time(),
         nodes=nodes,
