@@ -25,6 +25,7 @@ BENCHES = [
     "bench_false_hangs.py",
     "bench_checkpoints.py",
     "bench_metrics.py",
+    "bench_store.py",
 ]
 
 

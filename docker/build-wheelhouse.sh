@@ -6,9 +6,9 @@
 #   docker/build-wheelhouse.sh [OUT]    (default OUT: docker/wheelhouse)
 #
 # OUT/app/   podguard's own wheel, rebuilt every time (cheap)
-# OUT/deps/  what the image installs and nothing more: podguard's core requirements (not the laptop
-#            extras pods/image) + torch, for the image's Python; cached: re-resolved only when
-#            pyproject.toml, TORCH_SPEC or IMAGE_PYTHON change
+# OUT/deps/  what the image installs and nothing more: podguard's core requirements and its `store` extra
+#            (--checkpoint-store's S3 client; not the laptop extras pods/image) + torch, for the image's
+#            Python; cached: re-resolved only when pyproject.toml, TORCH_SPEC or IMAGE_PYTHON change
 # OUT/deps-base/  with TORCH_SPEC=base (`--torch base`: the base image brings Python and torch): the core
 #            requirements without torch, plus a pip wheel (the build runs pip from it, so the base needs
 #            no pip of its own and the image gets none); cached in the same way
@@ -32,12 +32,16 @@ rm -f "$out"/app/*.whl
 SOURCE_DATE_EPOCH=315532800 $pip wheel -q --no-deps -w "$out/app" .
 
 key=$(printf '%s\n%s\n%s\n' "$(sha256sum pyproject.toml)" "$torch_spec" "$image_python-$arch" | sha256sum | cut -d' ' -f1)
+app="$(ls "$out"/app/podguard-*.whl)"
 if [ "$torch_spec" = base ]; then
   deps="$out/deps-base"
   extra=(pip py-spy==0.4.3)  # py-spy: the hang watch's stacks (launch/watch/stacks.py), ~8 MB, no dependencies
+  # (no `store` extra: boto3 is ~36 MB installed, past the 30 MB a `--torch base` image may add; such an image
+  # says `pip install 'podguard[store]'` when --checkpoint-store s3://... is asked for)
 else
   deps="$out/deps"
   extra=("$torch_spec" py-spy==0.4.3)
+  app="$app[store]"  # --checkpoint-store's S3 client (boto3)
 fi
 # Binary wheels for the image's Python and any glibc up to 2.35 (Ubuntu 22.04; Debian 12 has 2.36).
 platforms=()
@@ -54,7 +58,7 @@ mkdir -p "$deps"
 echo "wheelhouse: resolving podguard's dependencies + ${extra[*]} for python $image_python ($arch)"
 # The local wheel by path: a package of the same name on an index must never be picked instead.
 if ! $pip download -q --only-binary=:all: --python-version "$image_python" --implementation cp "${platforms[@]}" \
-  -d "$deps" "$(ls "$out"/app/podguard-*.whl)" "${extra[@]}" >"$out/download.log" 2>&1; then
+  -d "$deps" "$app" "${extra[@]}" >"$out/download.log" 2>&1; then
   grep -v '^WARNING: Location' "$out/download.log" >&2
   echo "wheelhouse: resolving the dependencies failed (log: $out/download.log)" >&2
   exit 1

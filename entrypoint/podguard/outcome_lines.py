@@ -11,7 +11,9 @@ known (before `--on-exit` or a guard stops the pod); a RESTART line for each rel
 one line under MAX_LINE characters: the detail is cut (its start kept, "…" at the end).
 
 With `--checkpoints` the detail holds `newest checkpoint <path> (step <N>, written <UTC time>)`;
-`newest_checkpoint(detail)` reads it back (a keeper's notifications name it).
+`newest_checkpoint(detail)` reads it back (a keeper's notifications name it). With `--checkpoint-store` it also holds
+`stored <name> (step <N>, written <UTC time>) in <URL>`; `stored_checkpoint(detail)` reads that back (its path: the
+store's URL of the checkpoint, what a replacement pod comes back from).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ __all__ = [
     "end_line",
     "newest_checkpoint",
     "restart_line",
+    "stored_checkpoint",
 ]
 
 KINDS = ("success", "failed", "hung", "gpu-fault", "guard", "signal", "preflight")
 END_LINE = re.compile(r"^podguard (?P<command>train|run): END (?P<kind>[a-z-]+) exit (?P<code>\d+)\b")
 MAX_LINE = 399  # an END line stays under 400 characters (the keeper reads it as one log line)
+_STORED = re.compile(r"(?:^|; )stored (\S+) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\) in (\S+)")
 _NEWEST = re.compile(r"newest checkpoint (\S(?:.*?\S)?) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)")
 
 
@@ -75,3 +79,13 @@ def newest_checkpoint(text: str) -> Checkpoint | None:
         return None
     written = datetime.strptime(m.group(3), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     return Checkpoint(m.group(1), int(m.group(2)) if m.group(2) else None, written)
+
+
+def stored_checkpoint(text: str) -> Checkpoint | None:
+    """The `stored NAME (step N, written T) in URL` fragment (--checkpoint-store) as a Checkpoint whose path is the
+    checkpoint's URL in the store, or None."""
+    m = _STORED.search(text)
+    if m is None:
+        return None
+    written = datetime.strptime(m.group(3), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return Checkpoint(f"{m.group(4).rstrip('/')}/{m.group(1)}", int(m.group(2)) if m.group(2) else None, written)

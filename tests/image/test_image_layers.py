@@ -103,7 +103,8 @@ def test_no_dead_layer_and_no_wheel(image: str, scanned: tuple[list[Layer], byte
 
 def test_no_laptop_only_package(image: str) -> None:
     # Every installed distribution must be reachable from podguard's core requirements, its `stacks` extra (py-spy:
-    # the hang watch's stacks, shipped in the image) or torch's.
+    # the hang watch's stacks, shipped in the image), its `store` extra (boto3: --checkpoint-store's S3 client,
+    # shipped in the image) or torch's.
     script = """
 import importlib.metadata as md, json
 from pip._vendor.packaging.requirements import Requirement
@@ -115,7 +116,7 @@ while todo:
     if name in seen or name not in dists:
         continue
     seen.add(name)
-    extras = ("", "stacks") if name == "podguard" else ("",)
+    extras = ("", "stacks", "store") if name == "podguard" else ("",)
     for raw in dists[name].requires or []:
         req = Requirement(raw)
         if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras):
@@ -127,7 +128,8 @@ print(json.dumps({"installed": sorted(dists), "needed": sorted(seen)}))
     extra = set(data["installed"]) - set(data["needed"]) - VENV_SEEDS
     assert not extra, f"installed but not needed by podguard's core or torch: {sorted(extra)}"
     assert {"podguard", "torch", "typer", "nvidia-ml-py"} <= set(data["needed"]), data["needed"]
-    assert not {"runpod", "docker", "fastapi", "boto3", "paramiko"} & set(data["installed"])
+    assert not {"runpod", "docker", "fastapi", "paramiko", "moto"} & set(data["installed"])
+    assert {"boto3", "s3transfer"} <= set(data["needed"])  # --checkpoint-store s3://... works in the image
 
 
 def test_oci_labels(built: BuiltImage) -> None:

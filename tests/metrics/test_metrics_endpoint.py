@@ -18,6 +18,7 @@ from podguard.metrics.series import SERIES
 
 GPUS = 8
 NOT_IN_A_PLAIN_RUN = {"podguard_gpu_xid_errors", "podguard_price_dollars_per_hour", "podguard_spend_dollars"}
+NOT_IN_A_PLAIN_RUN |= {s.name for s in SERIES if s.name.startswith("podguard_store_")}  # --checkpoint-store only
 
 
 def distinct_gpus(node) -> None:

@@ -28,18 +28,20 @@ from metrics_support import free_port, parse, wait_for
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from podguard.guards.budget import Budget, Meter
+from podguard.job.store import store_series
 from podguard.launch.watch.gpu_faults import GpuFault
 from podguard.metrics.exposition import snapshot_registry
 from podguard.metrics.series import SERIES
 from podguard.metrics.server import MetricsServer
 from podguard.metrics.state import GpuRow, MetricsState
 from podguard.rank.progress import Beat
+from podguard.store.mirror import StoreStats
 
 FAST = 0.5  # the whole-request deadline in these tests (the product's is DEADLINE_S)
 
 
 def full_state() -> MetricsState:
-    """Every series of the contract has samples: 2 GPUs read, an Xid, 2 ranks (one slow), a price."""
+    """Every series of the contract has samples: 2 GPUs read, an Xid, 2 ranks (one slow), a price, a store."""
     state = MetricsState(version="0.1.0", mode="auto", pod_id="pod123")
     state.begin_attempt(0, "per-gpu", [GpuRow(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3"), GpuRow(1, "GPU-bbbb", "H100")])
     backend = SimpleNamespace(
@@ -57,6 +59,8 @@ def full_state() -> MetricsState:
         )
     )
     state.set_price(Budget("pod123", (Meter("pod123", 3.52, 3600.0),), now))
+    stats = StoreStats(step=1200, lag_s=12.5, uploaded_bytes=3 * 10**9, ok=4, failed=1)
+    state.add_source(lambda: store_series(stats))  # --checkpoint-store
     return state
 
 

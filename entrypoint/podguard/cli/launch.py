@@ -17,7 +17,7 @@ PREFLIGHT_ALL = tuple(name for name in PREFLIGHT.params if name != "dry_run")
 LAUNCH_ALL = tuple(LAUNCH.params)
 RUN_LAUNCH = (
     *("only_gpu", "on_exit", "idle_stop", "max_runtime", "max_cost", "hang_timeout", "progress", "restarts"),
-    *("checkpoints", "save_signal", "save_grace"),
+    *("checkpoints", "save_signal", "save_grace", "checkpoint_store", "store_keep"),
     *("metrics_port", "metrics_file"),
 )
 

@@ -14,6 +14,7 @@ from podguard.cli.params import Group, Param, choice, count, parse_int, ratio, s
 from podguard.durations import DURATION_HELP, parse_duration, parse_usd
 from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
 from podguard.preflight.options import DegradedPolicy, OnFewer, PreflightOptions, ProbeMode
+from podguard.store.url import parse_store_url
 
 __all__ = ["LAUNCH", "PREFLIGHT"]
 
@@ -358,6 +359,25 @@ LAUNCH = Group(
             type=str,
             parse=lambda raw: values.save_grace(raw),
             metavar="DURATION",
+            panel=RUN_PANEL,
+        ),
+        "checkpoint_store": Param(
+            ("--checkpoint-store",),
+            "Mirror every new whole checkpoint of --checkpoints to this store, and restore from it before each "
+            "attempt when it holds a newer one (a new pod): s3://BUCKET/PREFIX (AWS S3 or an S3-compatible endpoint "
+            "from AWS_ENDPOINT_URL_S3: RunPod's network-volume S3 API, R2, B2, MinIO) or file:///PATH. Credentials: "
+            "the standard AWS variables or files.",
+            parse=lambda raw: parse_store_url(raw),
+            metavar="URL",
+            panel=RUN_PANEL,
+        ),
+        "store_keep": Param(
+            ("--store-keep",),
+            "How many whole checkpoints the store keeps (>= 1, default 2); older ones go only after a newer one "
+            "is whole there.",
+            type=str,
+            parse=whole("--store-keep", 1),
+            metavar="N",
             panel=RUN_PANEL,
         ),
         "cluster_timeout_s": Param(

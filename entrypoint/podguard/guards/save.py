@@ -27,6 +27,7 @@ from podguard.guards.targets import save_targets
 
 if TYPE_CHECKING:
     from podguard.checkpoints import Checkpoint, Key
+    from podguard.job.store import UploadWait
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
@@ -73,6 +74,8 @@ class SaveBeforeStop:
         self._candidate: Key | None = None
         self._started = 0.0
         self._timer: Timer | None = None
+        self.store: UploadWait | None = None  # --checkpoint-store: the saved checkpoint's upload too (job/store.py)
+        self._saved: Checkpoint | None = None
 
     @property
     def waiting(self) -> bool:
@@ -118,8 +121,16 @@ class SaveBeforeStop:
             return
         saved = self._new_checkpoint()
         elapsed = time.monotonic() - self._started
+        if saved is not None and self.store is not None and self._saved is not None:
+            stored = self.store.note(self._saved, elapsed >= self.settings.grace_s)
+            if stored is None:  # its upload may still come within the grace: look again
+                self._timer = sup.call_later(POLL_S, self._poll)
+                return
+            saved = f"{saved} in {format_duration(elapsed)}; {stored}"
+        elif saved is not None:
+            saved = f"{saved} in {format_duration(elapsed)}"
         if saved is not None:
-            self._decide(f"saved {saved} in {format_duration(elapsed)}")
+            self._decide(f"saved {saved}")
         elif sup.stopping:
             self.finish()
         elif elapsed >= self.settings.grace_s:
@@ -136,6 +147,7 @@ class SaveBeforeStop:
         if c.key != self._candidate:
             self._candidate = c.key
             return None
+        self._saved = c
         return f"checkpoint {c.path}" + (f" (step {c.step})" if c.step is not None else "")
 
     def _decide(self, note: str) -> None:

@@ -117,7 +117,7 @@ def run_attempt(
                 guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
                 if description := guards.describe():
                     _say(f"podguard: {description}")
-            watches.insert(0, guards.supervised(_save_before_stop(cfg, runtime)))
+            watches.insert(0, guards.supervised(_save_before_stop(cfg, runtime, handoff)))
         if metrics is not None:  # last: it takes the run-time watch's state, its final poll included
             watches.append(metrics.attempt(runtime, attempt=attempt, mode=mode, gpus=selection.gpus))
         told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
@@ -162,7 +162,7 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
     return replace(cfg, argv=argv)
 
 
-def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch) -> SaveBeforeStop | None:
+def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch, handoff: Handoff | None) -> SaveBeforeStop | None:
     """`--save-signal`: the save request a billing guard makes before it ends the job (guards/save.py). A job
     that the hang watch finds silent past --hang-timeout is hung: it is not asked."""
     o = cfg.options
@@ -173,7 +173,10 @@ def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch) -> SaveBeforeStop |
     def hung() -> bool:
         return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
 
-    return SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung)
+    save = SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung)
+    if handoff is not None and handoff.store is not None:  # --checkpoint-store: its upload is waited for too
+        save.store = handoff.store.upload_wait()
+    return save
 
 
 def _runtime_settings(

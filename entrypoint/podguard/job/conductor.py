@@ -32,6 +32,7 @@ from podguard.gpu.selected import Selection
 from podguard.job.attempt import AttemptResult, run_attempt
 from podguard.job.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
 from podguard.job.restarts import Failure, RestartPolicy, made_progress
+from podguard.job.store import StoreSync, open_store_sync, store_series
 from podguard.launch.config import JobConfig, LaunchMode, OnExit
 from podguard.outcome_lines import end_line, restart_line
 from podguard.preflight.options import PreflightOptions
@@ -69,14 +70,19 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
 
     base = state_dir(opts.state_dir)
     heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
-    metrics = guards = None
+    metrics = guards = store = None
     conductor: Conductor | None = None
     try:
         metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
         guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
         if metrics is not None:
             metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
-        conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics)
+        # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
+        store = open_store_sync(cfg.options, (lambda _stats: metrics.refresh()) if metrics is not None else None)
+        if metrics is not None and store is not None:
+            sync = store
+            metrics.add_source(lambda: store_series(sync.mirror.stats()))
+        conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics, store=store)
         return conductor.run()
     except PodguardError as exc:  # a run that started says how it ended, once (`pod keep` reads it)
         if conductor is None or not conductor.ended:
@@ -85,6 +91,8 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
         exc.end_said = True
         raise
     finally:
+        if store is not None:
+            store.close()
         if guards is not None:
             guards.close()
         if metrics is not None:
@@ -113,6 +121,7 @@ class Conductor:
         guards: GuardWatch | None,
         *,
         metrics: Metrics | None = None,
+        store: StoreSync | None = None,
     ) -> None:
         from podguard.launch import lifecycle
 
@@ -135,6 +144,9 @@ class Conductor:
         self.ended = False  # the END line was said
         self.record: Callable[..., Path | None] | None = None
         self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
+        self.store = store  # --checkpoint-store: restored before each attempt, mirrored during it
+        if self.handoff is not None:
+            self.handoff.store = store
         self.seen: AttemptCheckpoints | None = None  # the last attempt's checkpoints (END and RESTART name them)
 
     # -- the lifecycle ----------------------------------------------------------------------------------------
@@ -284,7 +296,7 @@ class Conductor:
         from podguard.pause import next_signal, signals_held
 
         line = restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code)
-        _say(line + (f"; {self.seen.fragment()}" if self.seen is not None else ""))
+        _say(line + (f"; {self.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
@@ -312,9 +324,11 @@ class Conductor:
 
     def end(self, ending: Ending) -> int:
         """The END line, then what comes after the job: a guard stops the pod (or 124), else `--on-exit`."""
+        if self.store is not None and ending.kind not in ("guard", "signal"):  # (a guard's save waited already)
+            self.store.flush(self.cfg.options.save_grace)  # the newest checkpoint reaches the store first
         detail = ending.detail
         if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
-            detail = f"{self.seen.fragment()}; {detail}" if detail else self.seen.fragment()
+            detail = f"{self.fragment()}; {detail}" if detail else self.fragment()
         _say(end_line(self.command, ending.kind, ending.code, self.attempts, detail))
         self.ended = True
         if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
@@ -324,6 +338,13 @@ class Conductor:
         return _after(self.cfg, ending.code, ending.record, self.guards)
 
     # -- helpers ----------------------------------------------------------------------------------------------
+    def fragment(self) -> str:
+        """The checkpoints' part of RESTART and END: the local ones, then the store's newest (with a store)."""
+        assert self.seen is not None
+        if self.store is None:
+            return self.seen.fragment()
+        return f"{self.seen.fragment()}; {self.store.fragment()}"
+
     def _record_start(self, code: int, detail: str, root_cause: str) -> Path | None:
         from podguard.launch import lifecycle
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from podguard.checkpoints import (
     ENV_RESUME_FROM,
@@ -32,6 +33,9 @@ from podguard.checkpoints import (
 )
 from podguard.checkpoints.option import ENV_CHECKPOINTS  # the workers get DIR too (the Lightning callback saves there)
 from podguard.checkpoints.render import utc
+
+if TYPE_CHECKING:
+    from podguard.job.store import StoreSync
 
 __all__ = ["ENV_CHECKPOINTS", "AttemptCheckpoints", "Handoff"]
 
@@ -58,6 +62,7 @@ class Handoff:
         self.say = say
         self._started: Checkpoint | None = None
         self._listed_before: frozenset[Key] = frozenset()
+        self.store: StoreSync | None = None  # --checkpoint-store (job/store.py)
 
     def find(self, *, skip: frozenset[Key] = frozenset()) -> Finding:
         """Newest first until the first whole one (only what is not in `skip`); none when DIR cannot be listed."""
@@ -79,6 +84,8 @@ class Handoff:
                 f"podguard: warning: cannot read --checkpoints {self.directory} ({unreadable}): starting from scratch"
             )
         else:
+            if self.store is not None:  # a newer whole checkpoint in the store is restored into DIR first
+                finding = self.store.restore(finding, self.find)
             for line in resume_lines(finding, time.time()):
                 self.say(f"podguard: {line}")
         self._started = finding.chosen

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from podguard.errors import UsageError
 from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
+from podguard.store.url import StoreUrl
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]
 
@@ -73,6 +74,9 @@ class LaunchOptions:
     checkpoints: Path | None = None
     save_signal: int | None = None  # a signal number
     save_grace: float = 120.0  # seconds
+    # the checkpoint store (store/, docs/checkpoints.md "Survive the host"): where whole checkpoints are mirrored
+    checkpoint_store: StoreUrl | None = None
+    store_keep: int = 2
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,11 @@ def _check_checkpoints(opts: LaunchOptions) -> None:
     if opts.save_signal is not None and opts.checkpoints is None:
         raise UsageError(
             "--save-signal needs --checkpoints DIR: podguard waits for the new checkpoint there before it ends the job"
+        )
+    if opts.checkpoint_store is not None and opts.checkpoints is None:
+        raise UsageError(
+            f"--checkpoint-store={opts.checkpoint_store} needs --checkpoints DIR: podguard mirrors the checkpoints "
+            "the job writes there"
         )
 
 

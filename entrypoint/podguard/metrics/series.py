@@ -79,6 +79,15 @@ SERIES: tuple[Series, ...] = (
     Series("podguard_job_restarts", "counter", "Relaunches of the job by --restarts."),
     Series("podguard_price_dollars_per_hour", "gauge", "This pod's price, in US dollars per hour (RunPod's API)."),
     Series("podguard_spend_dollars", "gauge", "This pod's spend since it started, in US dollars (price x uptime)."),
+    # --checkpoint-store (store/, docs/checkpoints.md "Survive the host")
+    Series("podguard_store_checkpoint_step", "gauge", "The step of the newest whole checkpoint in the store."),
+    Series(
+        "podguard_store_lag_seconds",
+        "gauge",
+        "Age of the newest whole local checkpoint that is not in the store yet; 0 when none waits.",
+    ),
+    Series("podguard_store_uploaded_bytes", "counter", "Bytes podguard has sent to the checkpoint store."),
+    Series("podguard_store_uploads", "counter", "Checkpoint uploads to the store, by result (ok|failed).", ("result",)),
 )
 
 GPU_GAUGES = {  # GpuReading field -> series
