@@ -36,8 +36,9 @@ CLEANUP = textwrap.dedent(
                 os.kill(os.getpid(), sig)
         return real(*args, **kwargs)
     window_module.scan_processes = hooked
-    if sig == signal.SIGINT:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # like a shell's `kill -INT` on a plain process
+    # the default disposition, like a plain process: also under `nohup` (SIGHUP ignored, inherited: a suite
+    # started with nohup saw "finished without the signal") and for SIGINT (Python's own handler)
+    signal.signal(sig, signal.SIG_DFL)
     backend = open_backend()
     plan = executor.plan_cleanup(backend, [0], dev_dir=os.environ["PODGUARD_DEV_DIR"])
     executor.execute_cleanup(plan, backend, grace_s=0.2, busy_timeout_s=2, kill_timeout_s=2)
