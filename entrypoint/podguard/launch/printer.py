@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from podguard.launch.console import Console
 from podguard.launch.errorlines import HEADER, FirstError, SignalTraceback
 from podguard.launch.lines import (
     CONT_END,
@@ -43,7 +44,7 @@ from podguard.launch.lines import (
     strip_cursor,
     strip_escapes,
 )
-from podguard.launch.sinks import LogFile, LogSink, TerminalSink, open_log, write_all
+from podguard.launch.sinks import LogFile, LogSink, open_log, write_all
 
 __all__ = ["CONT_END", "CONT_START", "LINE_CAP", "LineCallback", "Printer", "Stream", "wait_readable", "write_all"]
 
@@ -89,7 +90,7 @@ class Printer:
         background: bool = False,
         on_drained: Callable[[], None] | None = None,
     ) -> None:
-        self._term = TerminalSink(out, background=background, on_drained=on_drained)
+        self._term = Console(out, background=background, on_drained=on_drained)  # stdout; stderr when it stalls
         self._colour = self._term.isatty()  # rich's colours (TTY_COMPATIBLE) only where a person watches
         self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None
@@ -328,11 +329,13 @@ class Printer:
                 for callback in list(stream.watchers):
                     callback(stream.name, text)
 
-    def message(self, text: str) -> None:
-        """podguard's own line(s), in order with the workers' output."""
+    def message(self, text: str, *, loud: bool = False) -> None:
+        """podguard's own line(s), in order with the workers' output; `loud` ones (HUNG, a summary) also reach
+        stderr when stdout is stalled (console.py)."""
         data = text.encode("utf-8", "replace")
         self._end_midline()
-        self._out.append(data if data.endswith(b"\n") else data + b"\n")
+        self._flush_terminal()
+        self._term.say(data if data.endswith(b"\n") else data + b"\n", loud=loud)
 
     def _log_warning(self, name: str, path: Path, exc: OSError, what: str) -> None:
         reason = exc.strerror or type(exc).__name__
@@ -350,9 +353,13 @@ class Printer:
     def flush(self) -> None:
         """Hand everything gathered in this round to the sinks (one `writev` for the terminal)."""
         self._flush_logs()
+        self._flush_terminal()
+        self._term.check()
+
+    def _flush_terminal(self) -> None:
         if self._out:
             bufs, self._out = self._out, []
-            self._term.submit(bufs)
+            self._term.show(bufs)
 
     def finish(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
         """Flush and wait for the sinks (bounded: a stalled terminal gives up); True when all was written."""

@@ -141,10 +141,11 @@ class Supervisor:
         """Run `fn` in the loop's thread soon; safe to call from any thread."""
         self._loop.call_from_thread(fn)
 
-    def message(self, text: str) -> None:
-        """A podguard line in the output, in order with the workers' lines."""
+    def message(self, text: str, *, loud: bool = False) -> None:
+        """A podguard line in the output, in order with the workers' lines. `loud` (a hang, a fault, the job's end):
+        it also reaches stderr when stdout is stalled (console.py)."""
         for line in text.splitlines() or [""]:
-            self.printer.message(f"podguard: {line}")
+            self.printer.message(f"podguard: {line}", loud=loud)
 
     def fail(self, worker: str | None, code: int, detail: str, *, grace_s: float | None = None) -> None:
         """Declare the job failed (e.g. a role that never became ready) and stop everything; `grace_s` shortens
@@ -155,7 +156,7 @@ class Supervisor:
             self._root = worker
             self._root_code = code
             self._root_detail = detail
-            self.message(f"{detail}; stopping {self._live_count()} worker(s)")
+            self.message(f"{detail}; stopping {self._live_count()} worker(s)", loud=True)
         self.stop()
 
     def end_with(self, code: int, detail: str) -> None:
@@ -439,5 +440,5 @@ class Supervisor:
         )
         outcome = JobOutcome(exit_code=code, workers=exits, root_cause=root, signal=self._signal, detail=detail)
         if self._summary:
-            self.message(format_summary(outcome))
+            self.message(format_summary(outcome), loud=True)
         return outcome

@@ -243,7 +243,7 @@ class RuntimeWatch:
             elif not self.sup.stopping and not ending:
                 self.sup.fail(None, ExitCode.GPU_UNHEALTHY, f"GPU FAULT: {fault.text}: ending the job")
             else:
-                self.sup.message(f"GPU FAULT: {fault.text}")
+                self.sup.message(f"GPU FAULT: {fault.text}", loud=True)
 
     def _say_later(self, text: str) -> None:
         """A line from a helper thread, printed by the loop."""
@@ -299,7 +299,7 @@ class RuntimeWatch:
         assert sup is not None
         self.hang = hang
         self._hang_at = time.monotonic()
-        sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}")
+        sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}", loud=True)
         pids = {name: w.pid for name, w in sup.workers.items() if w.alive}
         self.worker_gpus = {name: tuple(w.spec.gpus) for name, w in sup.workers.items()}
         evidence = HangEvidence(
@@ -330,7 +330,7 @@ class RuntimeWatch:
             self._deadline.cancel()
         self.hang_lines = list(lines)
         for line in lines:
-            sup.message(line)
+            sup.message(line, loud=True)
         who = f" (rank(s) {', '.join(map(str, hang.ranks))})" if hang.ranks else ""
         st = self.settings
         grace = hang_grace_s(st.hang_end_s, st.tick_s, self._hang_at, time.monotonic())
