@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any
 from podguard.launch.process import JOB_ID_ENV
 from podguard.procfs import children_of, environ_has, read_comm
 
-__all__ = ["Orphans", "describe_pids", "release_helper", "set_subreaper", "start_helper"]
+__all__ = ["Orphans", "describe_pids", "release_helper", "set_subreaper", "start_helper", "stop_helpers"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -53,6 +54,18 @@ def release_helper(proc: subprocess.Popen[bytes]) -> None:
     """The caller is done with the helper (waited for it, or gave up on it: then the reaper reaps it)."""
     with _HELPERS_LOCK:
         _HELPERS.discard(proc.pid)
+
+
+def stop_helpers() -> list[int]:
+    """The job is over: SIGKILL the helpers still running (a py-spy that the hang's deadline gave up on) and hand
+    them to the reaper. Returns their pids."""
+    with _HELPERS_LOCK:
+        pids = sorted(_HELPERS)
+        _HELPERS.clear()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def set_subreaper(on: bool) -> bool | None:

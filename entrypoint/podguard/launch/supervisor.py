@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol, TextIO
 
 from podguard.errors import DEFAULT_GRACE_S, ExitCode, UsageError, signal_exit_code
 from podguard.launch.loop import EventLoop, Timer
-from podguard.launch.orphans import Orphans, describe_pids, set_subreaper
+from podguard.launch.orphans import Orphans, describe_pids, set_subreaper, stop_helpers
 from podguard.launch.printer import LineCallback, Printer, Stream
 from podguard.launch.process import Worker, start_worker
 from podguard.launch.shutdown import KillSequence
@@ -149,9 +149,13 @@ class Supervisor:
 
     def fail(self, worker: str | None, code: int, detail: str, *, grace_s: float | None = None) -> None:
         """Declare the job failed (e.g. a role that never became ready) and stop everything; `grace_s` shortens
-        the grace before SIGKILL (a hung job: its end has a deadline)."""
-        if grace_s is not None and not self._shutdown.stopping:
-            self._shutdown.grace_s = min(self._shutdown.grace_s, max(grace_s, 0.0))
+        the grace before SIGKILL (a hung job: its end has a deadline), also for a shutdown already under way (a
+        SIGTERM that came while the hang's evidence was taken)."""
+        if grace_s is not None:
+            if self._shutdown.stopping:
+                self._shutdown.shorten(grace_s)
+            else:
+                self._shutdown.grace_s = min(self._shutdown.grace_s, max(grace_s, 0.0))
         if self._root is None and not self._shutdown.stopping:
             self._root = worker
             self._root_code = code
@@ -200,6 +204,7 @@ class Supervisor:
             return self._finish()
         except BaseException:
             self.kill_now()
+            stop_helpers()
             self._reap_after_kill()
             raise
         finally:
@@ -239,6 +244,7 @@ class Supervisor:
             if self._live_count() == 0 and not self._controller.more_to_start():
                 if not cleanup_started:
                     cleanup_started = True
+                    stop_helpers()  # (a py-spy the hang's deadline gave up on: the reaper takes it now)
                     self._scan_leftovers()
                     if self._orphans.live:
                         self._stop_leftovers()
