@@ -220,7 +220,7 @@ class Printer:
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
-        if stream.redraws.cur is not None or (b"\x1b" in complete and FRAME_START in complete):
+        if stream.redraws.active or (b"\x1b" in complete and FRAME_START in complete):
             complete = stream.redraws.filter(complete)  # a rich live display: what its redraws repeat goes
         if b"\x1b" in complete and b"\x1b[" in complete:  # (memchr first: a 2-byte search is 80x slower)
             complete = strip_cursor(complete)
@@ -253,7 +253,7 @@ class Printer:
             # `pending` holds no line end, except perhaps one last '\\r' (see feed)
             rest = stream.pending.removesuffix(b"\r")
             if rest or not stream.pending.endswith(b"\r"):
-                last = stream.redraws.filter(rest + b"\n") if stream.redraws.cur is not None else rest + b"\n"
+                last = stream.redraws.filter(rest + b"\n") if stream.redraws.active else rest + b"\n"
                 last = strip_cursor(last)  # (rich's last `ESC[?25h` alone: nothing to show)
                 if last:
                     self._emit(stream, (CONT_START if stream.continued else b"") + last)
