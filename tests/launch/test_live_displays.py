@@ -89,10 +89,14 @@ def _frame(spin: str, done: int, clock: str, prefix: bytes = b"") -> bytes:
 
 
 def test_a_line_s_key_leaves_out_its_clocks_spinner_and_colours() -> None:
-    assert line_key(_frame("⠋", 3, "0:00:12")[1:]) == line_key(_frame("⠹", 3, "0:01:07")[1:]) == (
-        b"train",
-        "━━━━".encode(),
-        b"3/10",
+    assert (
+        line_key(_frame("⠋", 3, "0:00:12")[1:])
+        == line_key(_frame("⠹", 3, "0:01:07")[1:])
+        == (
+            b"train",
+            "━━━━".encode(),
+            b"3/10",
+        )
     )
     assert line_key(b"| loading shards") == (b"loading", b"shards")
     assert line_key(b"step 12 loss 0.25 12:30") == (b"step", b"12", b"loss", b"0.25")
