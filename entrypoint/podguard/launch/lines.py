@@ -18,6 +18,7 @@ import re
 from itertools import repeat
 
 __all__ = [
+    "ACTIVITY",
     "CONT_END",
     "CONT_START",
     "FRAME_START",
@@ -26,6 +27,7 @@ __all__ = [
     "Redraws",
     "cut_long",
     "cut_long_lines",
+    "drop_activity",
     "line_key",
     "may_have_long_line",
     "normalise_cr",
@@ -40,6 +42,10 @@ CONT_START = b"[podguard: continued] "
 # Put before a line that goes to the log files and the watch but not to the terminal (the torchrun rank
 # wrapper marks the lines of ranks `--only-gpu` hides). An OSC string: a terminal that got one would show nothing.
 HIDDEN = b"\x1b]podguard-hidden\x07"
+# A line that only says "this rank wrote output without a line end" (a dot per step): the torchrun rank wrapper holds
+# a partial line until its end (ranks never interleave mid-line) and sends this instead, at most once a second. It
+# is activity for the watch and goes nowhere else (an OSC string too: a terminal would show nothing).
+ACTIVITY = b"\x1b]podguard-activity\x07"
 # CSI sequences other than SGR (colours): cursor moves and erases (tqdm's `ESC[A`, rich's `ESC[2K`). Once `\r`
 # ends a line they would move the cursor over other lines, and a log file shows them as garbage.
 _CURSOR = rb"\x1b\[[0-?]*[ -/]*[@-ln-~]"
@@ -236,6 +242,14 @@ def _is_prefix(head: bytes) -> bool:
     """A launcher's line prefix before a redraw (`rank0:`, HIDDEN `rank1:`): short, printable, no escape."""
     bare = head.removeprefix(HIDDEN)
     return b"\x1b" not in bare and b"\r" not in bare
+
+
+def drop_activity(lines: bytes) -> tuple[bytes, int]:
+    """(`lines` without the ACTIVITY lines, how many there were) for complete `lines` holding ACTIVITY."""
+    every = lines.split(b"\n")
+    last = every.pop()  # b"": `lines` ends with a newline
+    kept = [line for line in every if ACTIVITY not in line]
+    return (b"\n".join([*kept, last]) if kept else b""), len(every) - len(kept)
 
 
 def split_hidden(lines: bytes) -> tuple[bytes, bytes]:

@@ -30,6 +30,7 @@ from typing import BinaryIO, TextIO
 from podguard.launch.console import Console
 from podguard.launch.errorlines import HEADER, FirstError, SignalTraceback
 from podguard.launch.lines import (
+    ACTIVITY,
     CONT_END,
     CONT_START,
     FRAME_START,
@@ -38,6 +39,7 @@ from podguard.launch.lines import (
     Redraws,
     cut_long,
     cut_long_lines,
+    drop_activity,
     may_have_long_line,
     normalise_cr,
     split_hidden,
@@ -200,7 +202,7 @@ class Printer:
             stream.raw = True  # it redraws in place: let the terminal do that (the line so far first)
             self._out.append(stream.pending)
         if stream.raw:
-            if HIDDEN in data:  # the rank wrapper's marked lines must not reach the terminal
+            if HIDDEN in data or ACTIVITY in data:  # the rank wrapper's marked lines must not reach the terminal
                 self._end_raw(stream)
             else:
                 self._out.append(data)
@@ -220,6 +222,10 @@ class Printer:
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
+        if b"\x1b" in complete and ACTIVITY in complete:  # the rank wrapper: output without a line end arrived
+            complete, marks = drop_activity(complete)
+            for callback in self._activity if marks else ():
+                callback(stream.name)
         if stream.redraws.active or (b"\x1b" in complete and FRAME_START in complete):
             complete = stream.redraws.filter(complete)  # a rich live display: what its redraws repeat goes
         if b"\x1b" in complete and b"\x1b[" in complete:  # (memchr first: a 2-byte search is 80x slower)
