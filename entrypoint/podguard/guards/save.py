@@ -1,7 +1,8 @@
 """Save before a billing guard stops the job: `--save-signal` to every worker, then up to `--save-grace` for a
 new whole checkpoint under `--checkpoints` (or the workers' exit); then the job is ended as before.
 
-    save = SaveBeforeStop(SaveSettings(signal.SIGUSR1, 120.0, Path("/workspace/ckpt")), hung=lambda: False)
+    save = SaveBeforeStop(SaveSettings(signal.SIGUSR1, 120.0, Path("/workspace/ckpt")), hung=lambda: False,
+                          clock=runtime_watch)  # its hang clock stands still while podguard waits for the save
     save.start(sup, done=lambda note: ...)    # False: not asked (a hung job cannot save; nobody to signal)
     save.finish()                             # the workers ended on their own: the note, said once
 
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from podguard.durations import format_duration
 from podguard.guards.targets import save_targets
@@ -30,9 +31,18 @@ if TYPE_CHECKING:
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
-__all__ = ["POLL_S", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
+__all__ = ["POLL_S", "HangClock", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
 
 POLL_S = 0.5
+
+
+class HangClock(Protocol):
+    """The hang watch's clock (launch/watch/runtime.py): it stands still while podguard waits for a save it asked
+    for (a save may be silent for minutes), at most the save grace."""
+
+    def hold_clock(self, max_s: float) -> None: ...
+
+    def release_clock(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,10 @@ def newest_new(directory: Path, before: frozenset[Key]) -> Checkpoint | None:
 
 
 class SaveBeforeStop:
-    def __init__(self, settings: SaveSettings, hung: Callable[[], bool]) -> None:
+    def __init__(self, settings: SaveSettings, hung: Callable[[], bool], clock: HangClock | None = None) -> None:
         self.settings = settings
         self.hung = hung
+        self.clock = clock
         self.note: str | None = None  # what happened, once decided
         self._sup: Supervisor | None = None
         self._done: Callable[[str], None] | None = None
@@ -97,6 +108,8 @@ class SaveBeforeStop:
             f"{format_duration(s.grace_s)} for a new whole checkpoint in {s.directory}"
         )
         self._timer = sup.call_later(POLL_S, self._poll)
+        if self.clock is not None:
+            self.clock.hold_clock(s.grace_s)
         return True
 
     def _signal_workers(self, sup: Supervisor) -> int:
@@ -139,6 +152,7 @@ class SaveBeforeStop:
         return f"checkpoint {c.path}" + (f" (step {c.step})" if c.step is not None else "")
 
     def _decide(self, note: str) -> None:
+        self._release()
         self.note = note
         done, self._done = self._done, None
         if done is not None:
@@ -148,6 +162,7 @@ class SaveBeforeStop:
         """The job ended before a decision (the workers exited after saving, or another failure stopped it)."""
         if not self.waiting:
             return
+        self._release()
         if self._timer is not None:
             self._timer.cancel()
         self._candidate = None
@@ -164,6 +179,10 @@ class SaveBeforeStop:
         else:
             self.note = "the workers exited without a new whole checkpoint"
         self._done = None
+
+    def _release(self) -> None:
+        if self.clock is not None:
+            self.clock.release_clock()
 
     def _killed_by_the_signal(self) -> bool:
         """A worker ended by the save signal itself (its default action), or a shell whose child was (128+N)."""

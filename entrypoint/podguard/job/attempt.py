@@ -164,7 +164,8 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
 
 def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch) -> SaveBeforeStop | None:
     """`--save-signal`: the save request a billing guard makes before it ends the job (guards/save.py). A job
-    that the hang watch finds silent past --hang-timeout is hung: it is not asked."""
+    that the hang watch finds silent past --hang-timeout is hung: it is not asked. While podguard waits for the
+    save, the hang clock stands still (the save may be silent), up to --save-grace."""
     o = cfg.options
     if o.save_signal is None or o.checkpoints is None:
         return None
@@ -173,19 +174,20 @@ def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch) -> SaveBeforeStop |
     def hung() -> bool:
         return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
 
-    return SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung)
+    return SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung, clock=runtime)
 
 
 def _runtime_settings(
     cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode
 ) -> RuntimeSettings:
     o = cfg.options
-    line_prefix = None
+    line_prefix = line_rank = None
     if mode is LaunchMode.TORCHRUN:  # the ranks' lines reach the watch through torchrun with the wrapper's prefix
-        from podguard.launch.prefix import prefix_pattern
+        from podguard.launch.prefix import prefix_pattern, prefix_rank_pattern
         from podguard.rank.wrap import DEFAULT_RANK_PREFIX
 
         line_prefix = prefix_pattern(DEFAULT_RANK_PREFIX)
+        line_rank = prefix_rank_pattern(DEFAULT_RANK_PREFIX)
     return RuntimeSettings(
         hang_timeout_s=o.hang_timeout,
         progress=re.compile(o.progress) if o.progress else None,
@@ -194,6 +196,7 @@ def _runtime_settings(
         slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
         python=_job_python(cfg.argv),
         line_prefix=line_prefix,
+        line_rank=line_rank,
         cluster=_cluster_share(cfg),
     )
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
-from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, remove_board
+from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, read_placed_slots, remove_board
 from podguard.launch.watch.evidence import (
     HANG_END_S,
     LOOP_WRITE_S,
@@ -39,6 +39,7 @@ from podguard.launch.watch.evidence import (
 )
 from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
 from podguard.launch.watch.progress import Hang, ProgressWatch
+from podguard.launch.watch.quiet_ranks import QuietRanks
 from podguard.launch.watch.stragglers import StepRates
 from podguard.rank.progress import ENV_FILE, Beat
 
@@ -64,6 +65,7 @@ class RuntimeSettings:
     slot_gpus: Mapping[int, int] = field(default_factory=dict)  # heartbeat slot (local rank) -> NVML index
     python: str | None = None  # the job's interpreter, where its command names one (its torch arms the recorder)
     line_prefix: re.Pattern[str] | None = None  # a launcher's prefix on the workers' lines (torchrun: `rank3: `)
+    line_rank: re.Pattern[str] | None = None  # ... and the rank it names (group `rank`): whose line it is
     tick_s: float = TICK_S
     cluster: GateSettings | None = None  # a multi-node run: where the nodes share their progress (node 0's store)
     hang_end_s: float = field(default_factory=lambda: _env_seconds("PODGUARD_HANG_END_S", HANG_END_S))
@@ -106,6 +108,8 @@ class RuntimeWatch:
         self.job_env: dict[str, str] = dict(os.environ)
         self.worker_gpus: dict[str, tuple[int, ...]] = {}
         self.beats: dict[int, Beat] = {}  # the heartbeat board as last read (the metrics read it)
+        st = settings
+        self.quiet = QuietRanks(st.hang_timeout_s, st.progress, st.line_rank, dict(st.slot_gpus))  # the per-rank rule
         self.gpu_reader: Callable[[GpuBackend], None] | None = None  # called after each fault poll (metrics/)
         self._poller: GpuPoller | None = None  # the GPU fault watch's thread (NVML never on the loop)
         self._share: ProgressShare | None = None  # multi-node: the other nodes' progress (its own thread)
@@ -192,7 +196,7 @@ class RuntimeWatch:
         self._timer = self.sup.call_later(self.settings.tick_s, self._tick)
 
     def _line(self, worker: str, line: str) -> None:
-        self.progress.line(worker, line, time.monotonic())
+        self.progress.line(worker, line, time.monotonic(), rank=self.quiet.line_rank(self.sup, worker, line))
 
     def _activity(self, worker: str) -> None:
         self.progress.activity(worker, time.monotonic())
@@ -201,11 +205,14 @@ class RuntimeWatch:
         sup = self.sup
         assert sup is not None
         now = time.monotonic()
-        board = self.beats = read_placed(self._placed)
+        board, busy = read_placed_slots(self._placed)
+        self.beats = board
         for slot in self.progress.beats(board, now):
             beat = board[slot]
             if beat.step is not None:
                 self.rates.observe(slot, beat.step, beat.at)
+        self.progress.busy(busy, now)
+        self.quiet.sample(self.progress, now)
         for slow in self.rates.check(now):
             sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
@@ -213,9 +220,22 @@ class RuntimeWatch:
         if self._share is not None and (seen := self._share.remote()) is not None:
             self.progress.remote(*seen)  # another node moved: the job is not hung
         if self.hang is None and not sup.stopping and (hang := self.progress.check(now, alive=_pid_alive)) is not None:
-            self._on_hang(hang)
+            if hang.job:
+                self._on_hang(hang)
+            else:  # these ranks stopped while the job moves on: do they wait for the others? (quiet_ranks.py)
+                self.quiet.judge(
+                    hang, self.progress, now, on_loop=self._on_loop, hung=self._on_hang, say=sup.message,
+                    still=lambda: self.progress.check(time.monotonic(), alive=_pid_alive),
+                )  # fmt: skip
         if not self._closed:
             self._schedule()
+
+    def hold_clock(self, max_s: float) -> None:
+        """podguard waits for a save it asked for (--save-signal): the hang clock stands still, at most `max_s`."""
+        self.progress.hold(time.monotonic(), max_s)
+
+    def release_clock(self) -> None:
+        self.progress.release(time.monotonic())
 
     def _rank(self, slot: int) -> str:
         """'rank 9 (GPU 1)': the global rank where the heartbeat told it, the GPU of its local slot."""
@@ -296,7 +316,8 @@ class RuntimeWatch:
     def _on_hang(self, hang: Hang) -> None:
         """Keep the evidence on a helper thread; end the job when it is kept, or at the deadline whatever it does."""
         sup = self.sup
-        assert sup is not None
+        if sup is None or self.hang is not None or sup.stopping:
+            return
         self.hang = hang
         self._hang_at = time.monotonic()
         sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}", loud=True)

@@ -33,6 +33,7 @@ __all__ = [
     "FRAMEWORK_WAITS",
     "RENDEZVOUS",
     "collective_of",
+    "group_ranks",
     "hang_summary",
 ]
 
@@ -102,6 +103,24 @@ def collective_of(
     if user_index == 0 and line_of is not None and _ASYNC_WAIT_CALL.search(line_of(frames[0])):
         return ASYNC_WAIT
     return None
+
+
+def group_ranks(ranks: Sequence[int | None]) -> str:
+    """'rank 1', 'ranks 0, 2-5' (None: left out)."""
+    numbers = [r for r in ranks if r is not None]
+    word = "rank" if len(numbers) == 1 else "ranks"
+    return f"{word} {', '.join(_spans(sorted(numbers)))}"
+
+
+def _spans(numbers: Sequence[int]) -> list[str]:
+    parts, i = [], 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
+        i = j + 1
+    return parts
 
 
 def _ranks(items: Sequence[RankStacks]) -> str:
