@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from podguard.errors import UsageError
 from podguard.gpu.selected import Selection
 from podguard.launch.config import JobConfig, LaunchMode
+from podguard.launch.job_env import line_buffering_env
+from podguard.launch.line_shims import buffering_warnings
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.group import WatchGroup
 from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
@@ -87,6 +89,9 @@ def run_attempt(
 
         env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(cfg.options.save_signal).name
     mode = _pick_mode(cfg, selection, say=attempt == 0)
+    if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
+        for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
+            _say(f"podguard: {warning}")
     runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None

@@ -37,6 +37,7 @@ from podguard.launch.watch.evidence import (
     hang_grace_s,
     write_json,
 )
+from podguard.launch.watch.filters import PipelineFilters
 from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
 from podguard.launch.watch.progress import Hang, ProgressWatch
 from podguard.launch.watch.quiet_ranks import QuietRanks
@@ -110,6 +111,7 @@ class RuntimeWatch:
         self.beats: dict[int, Beat] = {}  # the heartbeat board as last read (the metrics read it)
         st = settings
         self.quiet = QuietRanks(st.hang_timeout_s, st.progress, st.line_rank, dict(st.slot_gpus))  # the per-rank rule
+        self._filters = PipelineFilters() if st.hang_timeout_s and st.progress is None else None  # (filters.py)
         self.gpu_reader: Callable[[GpuBackend], None] | None = None  # called after each fault poll (metrics/)
         self._poller: GpuPoller | None = None  # the GPU fault watch's thread (NVML never on the loop)
         self._share: ProgressShare | None = None  # multi-node: the other nodes' progress (its own thread)
@@ -213,6 +215,11 @@ class RuntimeWatch:
                 self.rates.observe(slot, beat.step, beat.at)
         self.progress.busy(busy, now)
         self.quiet.sample(self.progress, now)
+        if self._filters is not None and now - self.progress.last_at >= (self.settings.hang_timeout_s or 0) / 2:
+            for worker, note in self._filters.sample_supervisor(sup):  # a filter holding the job's lines reads on
+                self.progress.activity(worker, now)
+                if note:
+                    sup.message(note)
         for slow in self.rates.check(now):
             sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
