@@ -8,7 +8,8 @@ new whole checkpoint under `--checkpoints` (or the workers' exit); then the job 
 
 Who gets the signal: the training processes of each worker (guards/targets.py): the worker itself, or below a
 shell or a launcher (`bash train.sh`, `accelerate launch`, torchrun and podguard's rank wrappers, which SIGUSR1
-would kill) the processes it runs; never a process group (the data loader workers die of SIGUSR1). A new
+would kill) the processes it runs, and below `torch.multiprocessing.spawn`'s parent (no handler of its own) the
+ranks that have one; never a process group (the data loader workers die of SIGUSR1). A new
 checkpoint counts once it is whole and unchanged over two polls (its files no longer growing). The finder only
 reads DIR.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from podguard.durations import format_duration
-from podguard.guards.targets import save_targets
+from podguard.guards.targets import catches, save_targets
 
 if TYPE_CHECKING:
     from podguard.checkpoints import Checkpoint, Key
@@ -84,6 +85,7 @@ class SaveBeforeStop:
         self._candidate: Key | None = None
         self._started = 0.0
         self._timer: Timer | None = None
+        self._handled = False  # a process the signal was sent to had a handler for it
 
     @property
     def waiting(self) -> bool:
@@ -117,7 +119,8 @@ class SaveBeforeStop:
         for worker in sup.workers.values():
             if not worker.alive:
                 continue
-            for pid in save_targets(worker.pid):
+            for pid in save_targets(worker.pid, self.settings.signum):
+                self._handled = self._handled or bool(catches(pid, self.settings.signum))
                 try:
                     os.kill(pid, self.settings.signum)
                     sent += 1
@@ -171,7 +174,7 @@ class SaveBeforeStop:
         if c is not None:
             step = f" (step {c.step})" if c.step is not None else ""
             self.note = f"saved checkpoint {c.path}{step}; the workers exited"
-        elif self._killed_by_the_signal():
+        elif self._killed_by_the_signal() and not self._handled:  # (never blamed when the processes had one)
             self.note = (
                 f"the job died of {name} without saving: it has no handler for the save signal (install one: "
                 "docs/checkpoints.md), or drop --save-signal"
