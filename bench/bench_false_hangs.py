@@ -22,7 +22,7 @@ Issue 30's shapes (`bench/_false_hang_shapes.py`), healthy:
 3. `filter-perl`, `filter-mawk`, `filter-sed`: `python steps.py | <filter>`; `cxx-no-sync`: C++ with
    `sync_with_stdio(false)`.
 4. `stalled-stdout`: podguard's stdout a FIFO nobody reads, a chatty job (1 MB/s).
-5. `silent-save`: `--max-runtime` + `--save-signal` and a 16 s silent save under `--hang-timeout 8` (ends 124).
+5. `silent-save`: `--max-runtime 20s` + `--save-signal` and a 16 s silent save under `--hang-timeout 8` (ends 124).
 6. `rich-clocks`: a moving rich Progress with elapsed/remaining columns.
 7. `rich-clocks-torchrun`: the same in torchrun mode.
 and their hung controls: rank 0 stuck while rank 1 waits (1), dots then stuck (2), a mawk pipeline stuck (3), a
@@ -260,7 +260,7 @@ def _silent_save(then: str) -> Callable[[Path], list[int]]:
         job = _script(tmp, "saver.py", shapes.SILENT_SAVE)
         args = [
             "run", "--checkpoints", str(tmp / "ckpt"), "--save-signal", "USR1", "--save-grace", "60s",
-            "--max-runtime", "6s", "--hang-timeout", "8", "--grace", "2", "--", PY, job, str(tmp / "ckpt"), then,
+            "--max-runtime", "20s", "--hang-timeout", "8", "--grace", "2", "--", PY, job, str(tmp / "ckpt"), then,
         ]  # fmt: skip
         return _podguard(tmp, args)
 
