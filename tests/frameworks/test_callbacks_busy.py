@@ -139,8 +139,12 @@ def test_the_lightning_callback_announces_validation_and_saves(tmp_path: Path, b
 
 
 SLOW_SAVE = """
-    import sys, time, warnings
-    print("importing", flush=True)
+    import sys, threading, time, warnings
+    started = threading.Event()
+    def say_loading():  # start-up talks: a busy machine's slow imports are no hang
+        while not started.wait(1.0):
+            print("importing", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
     import lightning as L, torch
     from podguard.integrations.lightning import PodguardCallback
 
@@ -149,6 +153,7 @@ SLOW_SAVE = """
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
         def training_step(self, batch, i):
+            started.set()
             time.sleep(0.2)
             print(f"step {self.global_step}", flush=True)
             return self.layer(batch[0]).pow(2).mean()

@@ -78,6 +78,11 @@ def _until_line(proc: subprocess.Popen[str], word: str, timeout: float = 120) ->
 
 LOADER_JOB = """
     import threading, time
+    loaded = threading.Event()
+    def say_loading():  # start-up talks: a busy machine's slow import is no hang
+        while not loaded.wait(1.0):
+            print("loading", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -91,6 +96,7 @@ LOADER_JOB = """
         lock = threading.Lock()
         for step, batch in enumerate(loader):
             print(f"step {step}", flush=True)
+            loaded.set()
             if step == 3:
                 lock.acquire()
                 lock.acquire()  # the main loop deadlocks; its two loader workers idle, their queue full
@@ -111,10 +117,10 @@ def test_a_one_process_job_with_data_loader_workers_dumps_and_names_its_main_pro
         stacks = capture_ranks(find_rank_processes({"job": proc.pid}), tmp_path / "stacks")
     ranks = [s for s in stacks if s.target.role == "rank"]
     assert [(s.target.pid, s.target.label) for s in ranks] == [(proc.pid, "job")]
-    assert ranks[0].innermost_user_frame == "loader_job.py:18 in train"
+    assert ranks[0].innermost_user_frame == "loader_job.py:24 in train"
     assert sorted(s.target.role for s in stacks if s.target.pid != proc.pid) == ["child", "child"]
     summary = hang_summary(stacks)
-    assert summary[0] == "job: loader_job.py:18 in train"
+    assert summary[0] == "job: loader_job.py:24 in train"
     assert not any("none differs" in line or line.startswith("rank ") for line in summary), summary
     assert summary[-1] == "also kept: the stacks of 2 of 2 other process(es) (child), not compared"
 
@@ -126,7 +132,7 @@ def test_a_one_process_job_with_data_loader_workers_is_named_end_to_end(tmp_path
     proc = run_podguard(cli_node, ["run", "--hang-timeout", "6", "--grace", "2", "--", sys.executable, job], cpu=True)
     assert proc.returncode == 79, proc.stderr[-3000:]
     said = proc.stdout + proc.stderr
-    assert "podguard: job: loader_job.py:18 in train" in said, said[-3000:]
+    assert "podguard: job: loader_job.py:24 in train" in said, said[-3000:]
     assert "none differs" not in said and "podguard: rank 0" not in said
 
 

@@ -31,7 +31,14 @@ HANG_S = 10
 ALONE_S = 24  # rank 0's work alone: well past the hang timeout
 
 RANKS = """
-    import datetime, os, sys, time
+    import datetime, os, sys, threading, time
+    loaded = threading.Event()
+
+    def say_loading():  # start-up talks (as HF does while it loads): a busy machine's slow imports are no hang
+        while not loaded.wait(1.0):
+            print("loading", flush=True)
+
+    threading.Thread(target=say_loading, daemon=True).start()
     import torch, torch.distributed as dist
     from podguard.rank import heartbeat
 
@@ -41,6 +48,7 @@ RANKS = """
             dist.all_reduce(torch.ones(1))
             heartbeat(step)
             print(f"rank {rank} step {step}", flush=True)
+        loaded.set()
         if rank == 0:
             alone(how)
         dist.barrier()  # rank 1 waits here while rank 0 works alone

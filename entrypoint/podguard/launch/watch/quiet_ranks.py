@@ -58,8 +58,10 @@ class QuietRanks:
         pattern: re.Pattern[str] | None,
         line_rank: re.Pattern[str] | None = None,
         slot_gpus: dict[int, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timeout_s = timeout_s
+        self._clock = clock
         self.pattern = pattern
         self._line_rank = line_rank
         self._slot_gpus = slot_gpus or {}
@@ -126,10 +128,10 @@ class QuietRanks:
             if pid > 0:
                 label = progress.labels.get(slot, slot)
                 targets[slot] = StackTarget(pid, label, slot, self._slot_gpus.get(slot), f"rank {label}")
+        self._suspect = hang  # (before the start: its answer may come back at once)
         if not targets or not self._probe.start(targets):
+            self._suspect = None
             hung(hang)
-            return
-        self._suspect = hang
 
     def _probed(
         self,
@@ -142,7 +144,7 @@ class QuietRanks:
         suspect, self._suspect = self._suspect, None
         if suspect is None:
             return  # given up on meanwhile (hung() was called)
-        now = time.monotonic()
+        now = self._clock()
         waiting = [results[s] for s in suspect.slots if waits(results.get(s))]
         for stacks in waiting:
             slot = stacks.target.local_rank if stacks.target.local_rank is not None else -1
@@ -152,8 +154,8 @@ class QuietRanks:
             self._told.update((s.target.local_rank, s.target.pid) for s in fresh)
             say(self._waiting_line(fresh, progress, {s.target.local_rank for s in waiting}, now))
         left = still()
-        if left is not None:
-            hung(left)
+        if left is not None and (left.job or set(left.slots) <= set(suspect.slots)):
+            hung(left)  # (a rank that went quiet meanwhile is looked at first, at the next tick)
 
     def _waiting_line(
         self, waiting: list[RankStacks], progress: ProgressWatch, quiet: set[int | None], now: float
