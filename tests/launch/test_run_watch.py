@@ -451,7 +451,12 @@ def test_a_restart_keeps_the_gpu_leases_and_gates_the_gpus_again(node, tmp_path)
 # --- issue 23: ranks a job starts itself, the board, a full state dir ------------------------------------------
 
 SPAWNED = """
-    import datetime, os, time
+    import datetime, os, threading, time
+    loaded = threading.Event()
+    def say_loading():  # start-up talks: two ranks importing torch on a busy machine take longer than 6 s
+        while not loaded.wait(1.0):
+            print("loading", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
     def load_batch():
@@ -460,11 +465,13 @@ SPAWNED = """
     def train(rank, world):
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
         print(f"rank {rank} ready", flush=True)
+        loaded.set()
         if rank == 1:
             load_batch()
         dist.all_reduce(torch.ones(1))
 
     if __name__ == "__main__":
+        loaded.set()  # (the parent only waits: its ranks talk)
         mp.spawn(train, args=(2,), nprocs=2)
     """
 
