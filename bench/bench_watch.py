@@ -2,7 +2,7 @@
 
     python bench/bench_watch.py             # on the fake 8-GPU node (the test suite's libnvidia-ml.so.1)
 
-1. `heartbeat(step)` per call, in-process, with podguard's board (and without one: a no-op).
+1. `heartbeat(step)` per call, in-process, with podguard's board (and without one: a no-op); `with busy(...):`.
 2. The supervisor's own CPU while a job sleeps on 8 GPUs, with the watches podguard always runs (the heartbeat
    board and the GPU fault watch, one tick a second) and with `--hang-timeout 1h --progress REGEX` on top:
    milliseconds of CPU per minute and percent of one core (the job itself excluded).
@@ -35,9 +35,15 @@ GRACE_S = 1.0
 STUCK = "import time\nprint('ready', flush=True)\ntime.sleep(3600)\n"
 
 
-def heartbeat_us() -> tuple[float, float]:
+def heartbeat_us() -> tuple[float, float, float]:
+    """heartbeat(1) with a board and without one; a `with busy("saving"):` (enter and exit) with a board."""
     sys.path.insert(0, str(ROOT / "entrypoint"))
     import podguard.rank.progress as hb
+    from podguard.rank.busy import busy
+
+    def announce() -> None:
+        with busy("saving"):
+            pass
 
     hb._reset_for_tests()
     without = min(timeit.repeat(lambda: hb.heartbeat(1), number=100_000, repeat=5)) / 100_000 * 1e6
@@ -45,9 +51,10 @@ def heartbeat_us() -> tuple[float, float]:
     os.environ[hb.ENV_FILE] = str(board)
     hb._reset_for_tests()
     with_board = min(timeit.repeat(lambda: hb.heartbeat(1), number=100_000, repeat=5)) / 100_000 * 1e6
+    busy_us = min(timeit.repeat(announce, number=100_000, repeat=5)) / 100_000 * 1e6
     hb._reset_for_tests()
     del os.environ[hb.ENV_FILE]
-    return with_board, without
+    return with_board, without, busy_us
 
 
 def _hung_run(env: dict[str, str], state: Path, args: list[str], extra: dict[str, str]) -> float:
@@ -100,8 +107,9 @@ def blocked_py_spy_end(env: dict[str, str], state: Path) -> tuple[float, str]:
 
 
 def main() -> int:
-    with_board, without = heartbeat_us()
+    with_board, without, busy_us = heartbeat_us()
     print(f"heartbeat(step): {with_board:.2f} us per call with podguard's board, {without:.3f} us without one")
+    print(f'with busy("saving"): {busy_us:.2f} us per announcement (its start and its end) with the board')
     node = fake_node(8)
     try:
         env = node_env(node)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import pytest
 
+from jobproc import run_podguard
 from podguard.guards.save import SaveBeforeStop, SaveSettings, listed_keys, newest_new
-from podguard.guards.targets import is_launcher
+from podguard.guards.targets import catches, is_launcher
 from podguard.guards.watch import Trip
 from podguard.job.restarts import made_progress
 
@@ -74,3 +77,57 @@ def test_a_new_checkpoint_is_progress_for_the_crash_loop_rule(saved, progress):
 )
 def test_launchers_and_shells_pass_the_save_signal_down(argv, launcher):
     assert is_launcher(argv) is launcher
+
+
+# --- issue 31, item 5: torch.multiprocessing.spawn's ranks get the save signal ------------------------------------
+
+SPAWNED_SAVES = """
+import os, pathlib, signal, sys, time
+import torch.multiprocessing as mp
+
+def rank_main(rank, ckpt):
+    asked = []
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))  # the training processes have the handler
+    print(f"rank {rank} training", flush=True)
+    step = 0
+    while not asked:
+        step += 1
+        time.sleep(0.05)
+    if rank == 0:
+        folder = pathlib.Path(ckpt) / f"step-{step}"
+        folder.mkdir(parents=True)
+        (folder / "state.dat").write_text(str(step))
+        (folder / "COMPLETED").write_text("")
+    print(f"rank {rank} saved at step {step}", flush=True)
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(sys.argv[1],), nprocs=2)  # the parent waits in ProcessContext.join, no handler
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_of_mp_spawn_get_the_save_signal_not_only_their_parent(tmp_path, cli_node):
+    """The save signal went to the spawn parent only: it died of it, nothing was saved, and the message blamed the
+    job ("no handler") though both ranks had one."""
+    ckpt = tmp_path / "ckpt"
+    job = tmp_path / "spawned.py"
+    job.write_text(SPAWNED_SAVES)
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "8s", "--save-grace", "30s"]
+    proc = run_podguard(cli_node, [*args, "--", sys.executable, str(job), str(ckpt)], cpu=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 124, out[-3000:]
+    assert "rank 0 saved at step" in out and "rank 1 saved at step" in out, out[-3000:]
+    assert "SIGUSR1 to 2 process(es)" in out
+    assert "saved checkpoint" in out and "no handler" not in out
+    assert list(ckpt.glob("step-*/COMPLETED"))
+
+
+def test_who_catches_a_signal_is_read_from_the_process(tmp_path):
+    code = "import signal, time\nsignal.signal(signal.SIGUSR1, lambda *_: None)\nprint('up', flush=True)\ntime.sleep(9)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline() == "up\n"
+            assert catches(proc.pid, signal.SIGUSR1) is True and catches(proc.pid, signal.SIGUSR2) is False
+        finally:
+            proc.kill()
+    assert catches(2**22 + 11, signal.SIGUSR1) is None

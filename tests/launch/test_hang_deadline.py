@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,8 +54,17 @@ def _with_cmdline(needle: str) -> list[int]:
 
 
 def _run_hung_job(
-    node, tmp_path: Path, py_spy: Path, *, grace_s: float = 1, job_text: str = JOB, timeout_s: float = 60
+    node,
+    tmp_path: Path,
+    py_spy: Path,
+    *,
+    grace_s: float = 1,
+    job_text: str = JOB,
+    timeout_s: float = 60,
+    term_on_hung: bool = False,
 ) -> tuple[int, str, float, int]:
+    """podguard run on a job that prints `ready` and hangs; (exit code, output, seconds from `ready` to the end,
+    the job's pid). `term_on_hung`: SIGTERM to podguard as soon as it says HUNG (while it takes the evidence)."""
     job = script(tmp_path, "stuck.py", job_text)
     env = {
         **node.env, "LD_LIBRARY_PATH": "", "PODGUARD_PY_SPY": str(py_spy), "PODGUARD_HANG_END_S": str(END_S),
@@ -73,6 +83,12 @@ def _run_hung_job(
             if line.strip() == "ready":
                 break
         last_line = time.monotonic()
+        if term_on_hung:
+            for line in proc.stdout:
+                lines.append(line)
+                if "podguard: HUNG:" in line:
+                    proc.send_signal(signal.SIGTERM)
+                    break
         out, _ = proc.communicate(timeout=timeout_s)  # the old code waited for py-spy forever (FUSE) or 10 s + more
         ended = time.monotonic() - last_line
     finally:
@@ -130,6 +146,26 @@ def test_a_long_grace_does_not_keep_a_hung_job_past_the_deadline(cli_node, tmp_p
     code, out, ended, pid = _run_hung_job(cli_node, tmp_path, fake, grace_s=30, job_text=deaf)
     assert code == 79, out[-3000:]
     assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]  # was 2 + 1 + 30 s
+    assert "SIGKILL" in out and not _running(pid)
+
+
+def test_a_sigterm_while_the_evidence_is_taken_does_not_bring_back_a_long_grace(cli_node, tmp_path):
+    """Issue 30, item 8: SIGTERM reaches podguard (a keeper stopping the pod, a user's Ctrl-C) while it takes a
+    hung job's evidence, with --grace 120: the hang's deadline still holds (it ended after 130 s)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!{sys.executable}\nimport signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "time.sleep(3600)\n")  # fmt: skip
+    fake.chmod(0o755)
+    deaf = JOB.replace(
+        "import os, pathlib, time",
+        "import os, pathlib, signal, time\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+    )
+    code, out, ended, pid = _run_hung_job(
+        cli_node, tmp_path, fake, grace_s=120, job_text=deaf, timeout_s=90, term_on_hung=True
+    )
+    assert code in (79, 143), out[-3000:]
+    assert "received SIGTERM" in out
+    assert ended < HANG_TIMEOUT_S + END_S, out[-3000:]  # was the full 120 s after the SIGTERM
     assert "SIGKILL" in out and not _running(pid)
 
 

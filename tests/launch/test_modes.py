@@ -13,6 +13,7 @@ import pytest
 from podguard.errors import UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.job_env import _stdbuf_lib, job_env, line_buffering_env, progress_bar_env
+from podguard.launch.line_shims import cxx_shim, perl_dir
 from podguard.launch.modes import only_for_gpu, per_gpu_specs, pick_mode, single_spec, validate_mode
 from podguard.launch.run import run_job
 
@@ -163,15 +164,18 @@ def test_every_job_gets_line_buffered_c_stdio_after_the_users_preload_unless_tol
         pytest.skip("coreutils' libstdbuf.so is not installed here")
     for var in ("LD_PRELOAD", "_STDBUF_O", "ASAN_OPTIONS", "PODGUARD_LINE_BUFFERING"):
         monkeypatch.delenv(var, raising=False)
+    shim = f":{cxx_shim()}" if cxx_shim() is not None else ""  # issue 30: C++'s own buffer (line_shims.py)
+    perl = {"PERL5OPT": "-MPodguardAutoflush", "PERL5LIB": str(perl_dir())} if perl_dir() is not None else {}
     env = single_spec(["./native"], _selection(())).env
-    assert env["LD_PRELOAD"] == lib and env["_STDBUF_O"] == "L"
+    assert env["LD_PRELOAD"] == lib + shim and env["_STDBUF_O"] == "L"
     assert env["ASAN_OPTIONS"] == "verify_asan_link_order=0"  # a gcc ASan build would refuse to start
     assert per_gpu_specs(["./native"], _selection((0, 1)), master_port=29500)[1].env["_STDBUF_O"] == "L"
     user = {"LD_PRELOAD": "/usr/lib/libjemalloc.so", "ASAN_OPTIONS": "detect_leaks=0"}
     assert line_buffering_env(user) == {
-        "LD_PRELOAD": f"/usr/lib/libjemalloc.so:{lib}",  # the user's own preload stays first
+        "LD_PRELOAD": f"/usr/lib/libjemalloc.so:{lib}{shim}",  # the user's own preload stays first
         "_STDBUF_O": "L",
         "ASAN_OPTIONS": "detect_leaks=0:verify_asan_link_order=0",
+        **perl,
     }
     assert line_buffering_env({"_STDBUF_O": "0"}) == {}  # the user chose a buffering: theirs
     assert line_buffering_env({"PODGUARD_LINE_BUFFERING": "0"}) == {}

@@ -178,6 +178,8 @@ def test_heartbeats_find_a_stuck_rank_while_another_rank_keeps_printing(node, tm
             "2",
             "--hang-timeout",
             "3",
+            "--progress",  # (issue 30: without one, any output of rank 1's own is its progress, as for the job)
+            r"^step \d+",
             "--grace",
             "1",
             "--",
@@ -449,7 +451,12 @@ def test_a_restart_keeps_the_gpu_leases_and_gates_the_gpus_again(node, tmp_path)
 # --- issue 23: ranks a job starts itself, the board, a full state dir ------------------------------------------
 
 SPAWNED = """
-    import datetime, os, time
+    import datetime, os, threading, time
+    loaded = threading.Event()
+    def say_loading():  # start-up talks: two ranks importing torch on a busy machine take longer than 6 s
+        while not loaded.wait(1.0):
+            print("loading", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
     import torch, torch.distributed as dist, torch.multiprocessing as mp
 
     def load_batch():
@@ -458,11 +465,13 @@ SPAWNED = """
     def train(rank, world):
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600))
         print(f"rank {rank} ready", flush=True)
+        loaded.set()
         if rank == 1:
             load_batch()
         dist.all_reduce(torch.ones(1))
 
     if __name__ == "__main__":
+        loaded.set()  # (the parent only waits: its ranks talk)
         mp.spawn(train, args=(2,), nprocs=2)
     """
 
@@ -499,8 +508,9 @@ BEATER = """
 
 def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, tmp_path):
     job = script(tmp_path, "beater.py", BEATER)
-    args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--grace", "1", "--", sys.executable, job]
-    proc = pg(node, args, env={"NUM_TRAINERS": "2"})  # torchrun's 2 workers; the old board had 1 slot (0 GPUs)
+    args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--progress", r"^step \d+", "--grace", "1"]
+    # (--progress: rank 1's lines are noise; without one, any output of its own would be its progress, issue 30)
+    proc = pg(node, [*args, "--", sys.executable, job], env={"NUM_TRAINERS": "2"})  # the old board had 1 slot
     assert proc.returncode == 79, said(proc)[-3000:]
     assert "podguard: HUNG: rank(s) 1: no progress (heartbeat) for " in said(proc)
 

@@ -8,12 +8,14 @@ the process manager exists they run the WorkerSpec with plain subprocess and bui
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -236,7 +238,7 @@ def test_the_agent_and_so_every_rank_get_line_buffered_stdio_and_richs_tty_switc
     env = spec_for(tmp_path, argv=["./native_trainer", "--steps", "9"]).env
     assert env["TTY_COMPATIBLE"] == env["TTY_INTERACTIVE"] == "1"
     if Path("/usr/libexec/coreutils/libstdbuf.so").exists():
-        assert env["_STDBUF_O"] == "L" and env["LD_PRELOAD"].endswith("libstdbuf.so")
+        assert env["_STDBUF_O"] == "L" and env["LD_PRELOAD"].split(":")[0].endswith("libstdbuf.so")
 
 
 def test_plain_mode_and_shutdown_timeout(tmp_path):
@@ -348,6 +350,47 @@ def test_rank_wrapper_log_keeps_a_long_line_whole_when_it_arrives_in_pieces(tmp_
     assert (tmp_path / "rank0.log").read_bytes() == b"x" * 10000 + b"\nshort\nlast\n"
     assert all(line.startswith(b"rank0:") and len(line) < 4096 for line in shown)
     assert b"".join(line.removeprefix(b"rank0:") for line in shown[:-2]) == b"x" * 10000
+
+
+def test_rank_wrapper_tells_podguard_of_output_without_a_line_end_at_most_once_a_second(tmp_path):
+    """Issue 30, item 2: a dot per step is held until its line ends (ranks never interleave mid-line); podguard
+    hears that the rank wrote (ACTIVITY, nothing a terminal shows), and the log and the line stay whole."""
+    from collections import deque
+
+    from podguard.launch.lines import ACTIVITY
+    from podguard.launch.printer import Printer
+    from podguard.rank.wrap import LineStream, RankLog
+
+    log = RankLog(tmp_path / "rank0.log", warn=lambda text: None)
+    r, w = os.pipe()
+    stream = LineStream(w, b"rank0:", True, log, deque(maxlen=5), activity=True)
+    started = time.monotonic()
+    while time.monotonic() - started < 2.5:
+        stream.feed(b".")
+        time.sleep(0.05)
+    stream.feed(b"\n")
+    log.close()
+    os.close(w)
+    relayed = os.read(r, 1 << 20)
+    os.close(r)
+    marks = relayed.count(ACTIVITY)
+    assert 2 <= marks <= 4  # about one a second, not one per dot
+    out = io.BytesIO()
+    printer = Printer(out)
+    seen: list[str] = []
+    active: list[str] = []
+    s = printer.add("torchrun", None, log_path=tmp_path / "torchrun.log")
+    printer.watch_all(lambda name, line: seen.append(line))
+    printer.watch_activity(active.append)
+    for piece in relayed.splitlines(keepends=True):  # as the reads bring them (one mark per read at most)
+        printer.feed(s, piece)
+    printer.close(s)
+    printer.finish()
+    assert active == ["torchrun"] * marks
+    dots = "rank0:" + "." * relayed.count(b".")
+    assert seen == [dots] and out.getvalue().decode() == dots + "\n"
+    assert (tmp_path / "torchrun.log").read_text() == dots + "\n"
+    assert (tmp_path / "rank0.log").read_text() == dots.removeprefix("rank0:") + "\n"
 
 
 def test_rank_wrapper_survives_a_full_log_volume_and_keeps_the_workers_code(tmp_path):

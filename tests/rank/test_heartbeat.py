@@ -87,7 +87,7 @@ def test_the_board_is_in_dev_shm_never_in_the_state_dir(tmp_path: Path):
     placed = place_board("t2", slots=2, fallbacks=(tmp_path / "run",))
     try:
         assert placed.path == Path("/dev/shm/podguard-hb-t2") and placed.in_memory and not placed.warnings
-        assert placed.path.stat().st_size == 64 + 32 * MIN_SLOTS
+        assert placed.path.stat().st_size == 64 + 2 * 32 * MIN_SLOTS  # a heartbeat slot and a busy slot per rank
     finally:
         remove_board(placed)
 

@@ -1,13 +1,15 @@
 """Save before a billing guard stops the job: `--save-signal` to every worker, then up to `--save-grace` for a
 new whole checkpoint under `--checkpoints` (or the workers' exit); then the job is ended as before.
 
-    save = SaveBeforeStop(SaveSettings(signal.SIGUSR1, 120.0, Path("/workspace/ckpt")), hung=lambda: False)
+    save = SaveBeforeStop(SaveSettings(signal.SIGUSR1, 120.0, Path("/workspace/ckpt")), hung=lambda: False,
+                          clock=runtime_watch)  # its hang clock stands still while podguard waits for the save
     save.start(sup, done=lambda note: ...)    # False: not asked (a hung job cannot save; nobody to signal)
     save.finish()                             # the workers ended on their own: the note, said once
 
 Who gets the signal: the training processes of each worker (guards/targets.py): the worker itself, or below a
 shell or a launcher (`bash train.sh`, `accelerate launch`, torchrun and podguard's rank wrappers, which SIGUSR1
-would kill) the processes it runs; never a process group (the data loader workers die of SIGUSR1). A new
+would kill) the processes it runs, and below `torch.multiprocessing.spawn`'s parent (no handler of its own) the
+ranks that have one; never a process group (the data loader workers die of SIGUSR1). A new
 checkpoint counts once it is whole and unchanged over two polls (its files no longer growing). The finder only
 reads DIR.
 """
@@ -20,10 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from podguard.durations import format_duration
-from podguard.guards.targets import save_targets
+from podguard.guards.targets import catches, save_targets
 
 if TYPE_CHECKING:
     from podguard.checkpoints import Checkpoint, Key
@@ -31,9 +33,18 @@ if TYPE_CHECKING:
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
-__all__ = ["POLL_S", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
+__all__ = ["POLL_S", "HangClock", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
 
 POLL_S = 0.5
+
+
+class HangClock(Protocol):
+    """The hang watch's clock (launch/watch/runtime.py): it stands still while podguard waits for a save it asked
+    for (a save may be silent for minutes), at most the save grace."""
+
+    def hold_clock(self, max_s: float) -> None: ...
+
+    def release_clock(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,9 +75,10 @@ def newest_new(directory: Path, before: frozenset[Key]) -> Checkpoint | None:
 
 
 class SaveBeforeStop:
-    def __init__(self, settings: SaveSettings, hung: Callable[[], bool]) -> None:
+    def __init__(self, settings: SaveSettings, hung: Callable[[], bool], clock: HangClock | None = None) -> None:
         self.settings = settings
         self.hung = hung
+        self.clock = clock
         self.note: str | None = None  # what happened, once decided
         self._sup: Supervisor | None = None
         self._done: Callable[[str], None] | None = None
@@ -76,6 +88,7 @@ class SaveBeforeStop:
         self._timer: Timer | None = None
         self.store: UploadWait | None = None  # --checkpoint-store: the saved checkpoint's upload too (job/store.py)
         self._saved: Checkpoint | None = None
+        self._handled = False  # a process the signal was sent to had a handler for it
 
     @property
     def waiting(self) -> bool:
@@ -100,6 +113,8 @@ class SaveBeforeStop:
             f"{format_duration(s.grace_s)} for a new whole checkpoint in {s.directory}"
         )
         self._timer = sup.call_later(POLL_S, self._poll)
+        if self.clock is not None:
+            self.clock.hold_clock(s.grace_s)
         return True
 
     def _signal_workers(self, sup: Supervisor) -> int:
@@ -107,7 +122,8 @@ class SaveBeforeStop:
         for worker in sup.workers.values():
             if not worker.alive:
                 continue
-            for pid in save_targets(worker.pid):
+            for pid in save_targets(worker.pid, self.settings.signum):
+                self._handled = self._handled or bool(catches(pid, self.settings.signum))
                 try:
                     os.kill(pid, self.settings.signum)
                     sent += 1
@@ -151,6 +167,7 @@ class SaveBeforeStop:
         return f"checkpoint {c.path}" + (f" (step {c.step})" if c.step is not None else "")
 
     def _decide(self, note: str) -> None:
+        self._release()
         self.note = note
         done, self._done = self._done, None
         if done is not None:
@@ -160,6 +177,7 @@ class SaveBeforeStop:
         """The job ended before a decision (the workers exited after saving, or another failure stopped it)."""
         if not self.waiting:
             return
+        self._release()
         if self._timer is not None:
             self._timer.cancel()
         self._candidate = None
@@ -168,7 +186,7 @@ class SaveBeforeStop:
         if c is not None:
             step = f" (step {c.step})" if c.step is not None else ""
             self.note = f"saved checkpoint {c.path}{step}; the workers exited"
-        elif self._killed_by_the_signal():
+        elif self._killed_by_the_signal() and not self._handled:  # (never blamed when the processes had one)
             self.note = (
                 f"the job died of {name} without saving: it has no handler for the save signal (install one: "
                 "docs/checkpoints.md), or drop --save-signal"
@@ -176,6 +194,10 @@ class SaveBeforeStop:
         else:
             self.note = "the workers exited without a new whole checkpoint"
         self._done = None
+
+    def _release(self) -> None:
+        if self.clock is not None:
+            self.clock.release_clock()
 
     def _killed_by_the_signal(self) -> bool:
         """A worker ended by the save signal itself (its default action), or a shell whose child was (128+N)."""

@@ -1,12 +1,15 @@
 """Which processes get the save signal: the training processes, found through the launchers and shells above them.
 
-    pids = save_targets(worker_pid)     # the worker itself, or (a launcher, a shell) the processes it runs
+    pids = save_targets(worker_pid, signal.SIGUSR1)   # the worker itself, or (a launcher, a shell) what it runs
 
 A launcher or a shell dies of SIGUSR1 (its default action) and takes no save: `bash train.sh`, `accelerate
 launch`, a user's own `torchrun`, podguard's torchrun agent and its rank wrappers all pass the signal down to
 their children instead. Below a launcher, stream helpers (`| tee log`) are left alone: SIGUSR1 would kill them and
 the job would die of the broken pipe. A process that is neither (the `python train.py` itself) gets the signal,
-and nothing below it does: its data loader workers die of SIGUSR1 too.
+and nothing below it does: its data loader workers die of SIGUSR1 too (forked, they also inherit its handler).
+One exception: a process that does not catch the signal (`SigCgt` in /proc/<pid>/status) while Python children of
+its own do is a launcher too — `torch.multiprocessing.spawn`'s parent, whose ranks (the training processes) have the
+handler while it waits in `ProcessContext.join` and would die of the signal, taking the job with it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["is_launcher", "save_targets"]
+from podguard.procfs import children_of, read_bytes
+
+__all__ = ["catches", "is_launcher", "save_targets"]
 
 MAX_DEPTH = 4  # shell -> launcher -> rank wrapper -> rank
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -31,8 +36,6 @@ _STREAM_HELPERS = {"tee", "cat", "grep", "sed", "awk", "ts", "logger", "head", "
 
 
 def _cmdline(pid: int) -> list[str]:
-    from podguard.procfs import read_bytes
-
     try:
         raw = read_bytes(f"/proc/{pid}/cmdline", 1 << 16)
     except OSError:  # it just ended
@@ -59,16 +62,37 @@ def is_launcher(argv: list[str]) -> bool:
     return bool(rest) and os.path.basename(rest[0]) in _LAUNCHERS
 
 
-def save_targets(pid: int, depth: int = 0) -> list[int]:
-    """The processes that should get the save signal for the worker process `pid`."""
-    from podguard.procfs import children_of
+def catches(pid: int, signum: int) -> bool | None:
+    """Whether the process has a handler for `signum` (its `SigCgt` mask); None when unreadable (gone)."""
+    try:
+        status = read_bytes(f"/proc/{pid}/status", 1 << 16)
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith(b"SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return None
 
-    if depth >= MAX_DEPTH or not is_launcher(_cmdline(pid)):
+
+def save_targets(pid: int, signum: int | None = None, depth: int = 0) -> list[int]:
+    """The processes that should get the save signal `signum` for the worker process `pid` (without `signum`,
+    the handlers are not looked at)."""
+    if depth >= MAX_DEPTH:
         return [pid]
+    if not is_launcher(_cmdline(pid)):
+        if signum is None or catches(pid, signum) is not False:
+            return [pid]
+        ranks = [c for c in children_of(pid) if _runs_python(c) and catches(c, signum)]  # mp.spawn's ranks
+        return ranks or [pid]
     out: list[int] = []
     for child in children_of(pid):
         argv = _cmdline(child)
         if not argv or os.path.basename(argv[0]) in _STREAM_HELPERS:  # (no argv: it has just ended)
             continue
-        out.extend(save_targets(child, depth + 1))
+        out.extend(save_targets(child, signum, depth + 1))
     return out
+
+
+def _runs_python(pid: int) -> bool:
+    argv = _cmdline(pid)
+    return bool(argv) and bool(_PYTHON.match(os.path.basename(argv[0])))

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from podguard.errors import UsageError
 from podguard.gpu.selected import Selection
 from podguard.launch.config import JobConfig, LaunchMode
+from podguard.launch.job_env import line_buffering_env
+from podguard.launch.line_shims import buffering_warnings
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.group import WatchGroup
 from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
@@ -87,6 +89,9 @@ def run_attempt(
 
         env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(cfg.options.save_signal).name
     mode = _pick_mode(cfg, selection, say=attempt == 0)
+    if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
+        for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
+            _say(f"podguard: {warning}")
     runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
@@ -164,7 +169,8 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
 
 def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch, handoff: Handoff | None) -> SaveBeforeStop | None:
     """`--save-signal`: the save request a billing guard makes before it ends the job (guards/save.py). A job
-    that the hang watch finds silent past --hang-timeout is hung: it is not asked."""
+    that the hang watch finds silent past --hang-timeout is hung: it is not asked. While podguard waits for the
+    save, the hang clock stands still (the save may be silent), up to --save-grace."""
     o = cfg.options
     if o.save_signal is None or o.checkpoints is None:
         return None
@@ -173,7 +179,7 @@ def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch, handoff: Handoff | 
     def hung() -> bool:
         return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
 
-    save = SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung)
+    save = SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung, clock=runtime)
     if handoff is not None and handoff.store is not None:  # --checkpoint-store: its upload is waited for too
         save.store = handoff.store.upload_wait()
     return save
@@ -183,12 +189,13 @@ def _runtime_settings(
     cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode
 ) -> RuntimeSettings:
     o = cfg.options
-    line_prefix = None
+    line_prefix = line_rank = None
     if mode is LaunchMode.TORCHRUN:  # the ranks' lines reach the watch through torchrun with the wrapper's prefix
-        from podguard.launch.prefix import prefix_pattern
+        from podguard.launch.prefix import prefix_pattern, prefix_rank_pattern
         from podguard.rank.wrap import DEFAULT_RANK_PREFIX
 
         line_prefix = prefix_pattern(DEFAULT_RANK_PREFIX)
+        line_rank = prefix_rank_pattern(DEFAULT_RANK_PREFIX)
     return RuntimeSettings(
         hang_timeout_s=o.hang_timeout,
         progress=re.compile(o.progress) if o.progress else None,
@@ -197,6 +204,7 @@ def _runtime_settings(
         slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
         python=_job_python(cfg.argv),
         line_prefix=line_prefix,
+        line_rank=line_rank,
         cluster=_cluster_share(cfg),
     )
 

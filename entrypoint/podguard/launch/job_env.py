@@ -1,5 +1,6 @@
 """The environment every launched job gets unless the user's own sets it: line-buffered C stdio (coreutils'
-`libstdbuf`), rich's live displays drawn on podguard's pipe, unbuffered Python, a fair OMP_NUM_THREADS.
+`libstdbuf`, and for perl and C++'s own buffers the shims of line_shims.py), rich's live displays drawn on
+podguard's pipe, unbuffered Python, a fair OMP_NUM_THREADS.
 
     env = job_env(workers=2)
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
+
+from podguard.launch.line_shims import shim_env
 
 __all__ = ["LINE_BUFFERING_ENV", "job_env", "line_buffering_env", "progress_bar_env"]
 
@@ -46,7 +49,10 @@ def line_buffering_env(environ: Mapping[str, str] | None = None) -> dict[str, st
     asan = env.get("ASAN_OPTIONS", "")
     if "verify_asan_link_order" not in asan:
         asan = f"{asan}:verify_asan_link_order=0" if asan else "verify_asan_link_order=0"
-    return {"LD_PRELOAD": f"{preload}:{lib}" if preload.strip() else lib, "_STDBUF_O": "L", "ASAN_OPTIONS": asan}
+    ld_preload = f"{preload}:{lib}" if preload.strip() else lib
+    out = {"LD_PRELOAD": ld_preload, "_STDBUF_O": "L", "ASAN_OPTIONS": asan}
+    out.update(shim_env(env, ld_preload))  # perl's autoflush, the C++ sync_with_stdio shim (line_shims.py)
+    return out
 
 
 def progress_bar_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -6,6 +6,7 @@
     split_hidden(HIDDEN + b"rank1: x\\nrank0: y\\n")      # (b"rank0: y\\n", b"rank1: x\\nrank0: y\\n")
     strip_escapes(b"step \\x1b[1;36m5\\x1b[0m\\n")        # b"step 5\\n": log files and the watch get plain text
     Redraws().filter(b"\\x1b[2K 30%\\n\\x1b[2K 30%\\n")  # b"\\x1b[2K 30%\\n": a repeated redraw goes
+    line_key(b"\\x1b[2K\\xe2\\xa0\\x8b 3/10 0:00:12")  # (b"3/10",): a spinner and a clock move by themselves
 
 Whole-buffer operations (`split`, `rfind`, C-level `map`s), never a Python loop per line (`Redraws` alone
 loops, over a rich live display's lines only): the rules and why they are fast are in docs/supervisor.md.
@@ -17,6 +18,7 @@ import re
 from itertools import repeat
 
 __all__ = [
+    "ACTIVITY",
     "CONT_END",
     "CONT_START",
     "FRAME_START",
@@ -25,6 +27,8 @@ __all__ = [
     "Redraws",
     "cut_long",
     "cut_long_lines",
+    "drop_activity",
+    "line_key",
     "may_have_long_line",
     "normalise_cr",
     "split_hidden",
@@ -38,6 +42,10 @@ CONT_START = b"[podguard: continued] "
 # Put before a line that goes to the log files and the watch but not to the terminal (the torchrun rank
 # wrapper marks the lines of ranks `--only-gpu` hides). An OSC string: a terminal that got one would show nothing.
 HIDDEN = b"\x1b]podguard-hidden\x07"
+# A line that only says "this rank wrote output without a line end" (a dot per step): the torchrun rank wrapper holds
+# a partial line until its end (ranks never interleave mid-line) and sends this instead, at most once a second. It
+# is activity for the watch and goes nowhere else (an OSC string too: a terminal would show nothing).
+ACTIVITY = b"\x1b]podguard-activity\x07"
 # CSI sequences other than SGR (colours): cursor moves and erases (tqdm's `ESC[A`, rich's `ESC[2K`). Once `\r`
 # ends a line they would move the cursor over other lines, and a log file shows them as garbage.
 _CURSOR = rb"\x1b\[[0-?]*[ -/]*[@-ln-~]"
@@ -151,13 +159,23 @@ class Redraws:
     before (a redraw starts with FRAME_START and runs to the next one; it may span reads, its last line ends
     only with the next redraw's `\\r`). rich's refresh thread redraws a stalled `track()` bar 10 times a second:
     as lines, the repeats filled the log file and counted as activity, so a hung job was never called hung.
-    A redraw in which something moved keeps its changed lines."""
+    A line repeats when its counts are the same: its escape codes (colours, a pulsing bar), its clocks
+    (`0:00:12`, `-:--:--`: rich's elapsed and remaining columns) and its spinner (a token of at most 3 symbols,
+    no letter or digit: `⠋`, `|`, `◐`) are not compared, so a stalled bar whose clock runs, or `console.status()`'s
+    spinner, is not progress; a redraw in which a count moved keeps its changed lines. Lines behind a launcher's
+    prefix (`rank0:` under torchrun, the rank wrapper's HIDDEN mark) are redraws of that prefix's own display:
+    ranks that share a stream keep apart."""
 
     MAX_LINES = 200  # a redraw longer than this is not a live display: stop comparing
+    MAX_PREFIX = 64  # bytes before FRAME_START that can be a launcher's line prefix
 
     def __init__(self) -> None:
-        self.prev: list[bytes] = []  # the lines of the previous redraw
-        self.cur: list[bytes] | None = None  # the lines of the redraw under way; None: outside any
+        self._frames: dict[bytes, _Frames] = {}  # line prefix (b"" for none) -> that display's redraws
+
+    @property
+    def active(self) -> bool:
+        """Inside a redraw (its next lines belong to it)."""
+        return any(f.cur is not None for f in self._frames.values())
 
     def filter(self, lines: bytes) -> bytes:
         """Complete `lines` (each ending in a newline) without the repeated ones."""
@@ -165,22 +183,73 @@ class Redraws:
         end = every.pop()  # b"": `lines` ends with a newline
         kept: list[bytes] = []
         for line in every:
-            if line.startswith(FRAME_START):
-                if self.cur is not None:
-                    self.prev = self.cur
-                self.cur = [line]
-                if not self.prev or self.prev[0] != line:
+            at = line.find(FRAME_START)
+            if 0 <= at <= self.MAX_PREFIX and (at == 0 or _is_prefix(line[:at])):
+                frames = self._frames.setdefault(line[:at], _Frames())
+                key = line_key(line[at:])
+                if frames.cur is not None:
+                    frames.prev = frames.cur
+                frames.cur = [key]
+                if not frames.prev or frames.prev[0] != key:
                     kept.append(line)
-            elif self.cur is not None:
-                pos = len(self.cur)
-                self.cur.append(line)
-                if pos >= len(self.prev) or self.prev[pos] != line:
-                    kept.append(line)
-                if pos >= self.MAX_LINES:
-                    self.cur = None
-            else:
+                continue
+            prefix, frames = self._continued(line)
+            if frames is None or frames.cur is None:
                 kept.append(line)
+                continue
+            pos = len(frames.cur)
+            key = line_key(line[len(prefix) :])
+            frames.cur.append(key)
+            if pos >= len(frames.prev) or frames.prev[pos] != key:
+                kept.append(line)
+            if pos >= self.MAX_LINES:
+                frames.cur = None
         return b"\n".join([*kept, end]) if kept else b""
+
+    def _continued(self, line: bytes) -> tuple[bytes, _Frames | None]:
+        """The redraw under way that `line` continues: the one of its prefix, else the unprefixed one."""
+        for prefix, frames in self._frames.items():
+            if prefix and frames.cur is not None and line.startswith(prefix):
+                return prefix, frames
+        return b"", self._frames.get(b"")
+
+
+class _Frames:
+    """One live display's redraws: the lines (as keys) of the previous redraw and of the one under way."""
+
+    def __init__(self) -> None:
+        self.prev: list[tuple[bytes, ...]] = []
+        self.cur: list[tuple[bytes, ...]] | None = None  # None: outside any redraw
+
+
+_CLOCK = re.compile(rb"(?:\d+:)?\d{1,2}:\d\d(?:\.\d+)?|-?-:--(?::--)?")
+_WORDISH = re.compile(r"\w")
+
+
+def line_key(line: bytes) -> tuple[bytes, ...]:
+    """What a live display's line says, without what moves by itself: escape codes, clocks, a spinner."""
+    return tuple(token for token in strip_escapes(line).split() if not _moves_by_itself(token))
+
+
+def _moves_by_itself(token: bytes) -> bool:
+    if _CLOCK.fullmatch(token):
+        return True
+    text = token.decode("utf-8", "replace")
+    return len(text) <= 3 and _WORDISH.search(text) is None
+
+
+def _is_prefix(head: bytes) -> bool:
+    """A launcher's line prefix before a redraw (`rank0:`, HIDDEN `rank1:`): short, printable, no escape."""
+    bare = head.removeprefix(HIDDEN)
+    return b"\x1b" not in bare and b"\r" not in bare
+
+
+def drop_activity(lines: bytes) -> tuple[bytes, int]:
+    """(`lines` without the ACTIVITY lines, how many there were) for complete `lines` holding ACTIVITY."""
+    every = lines.split(b"\n")
+    last = every.pop()  # b"": `lines` ends with a newline
+    kept = [line for line in every if ACTIVITY not in line]
+    return (b"\n".join([*kept, last]) if kept else b""), len(every) - len(kept)
 
 
 def split_hidden(lines: bytes) -> tuple[bytes, bytes]:

@@ -19,6 +19,7 @@ __all__ = [
     "ROLE_PREFIX_FIELDS",
     "check_format",
     "prefix_pattern",
+    "prefix_rank_pattern",
 ]
 
 DEFAULT_PREFIX = "GPU{gpu}:"
@@ -54,3 +55,17 @@ def prefix_pattern(fmt: str) -> re.Pattern[str]:
         if name is not None:
             parts.append(r"[\w.-]+")
     return re.compile("^" + "".join(parts) + " ?")
+
+
+def prefix_rank_pattern(fmt: str) -> re.Pattern[str] | None:
+    """A regex that reads the rank out of a line's prefix in format `fmt` (group `rank`): `rank{rank}:` ->
+    `^rank(?P<rank>\\d+):`, so the watch knows whose line it is; None when the format has no {rank}."""
+    parts, has_rank = [], False
+    for literal, name, _, _ in string.Formatter().parse(fmt):
+        parts.append(re.escape(literal))
+        if name == "rank" and not has_rank:
+            parts.append(r"(?P<rank>\d+)")
+            has_rank = True
+        elif name is not None:
+            parts.append(r"[\w.-]+")
+    return re.compile("^" + "".join(parts)) if has_rank else None

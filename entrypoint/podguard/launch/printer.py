@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from podguard.launch.console import Console
 from podguard.launch.errorlines import HEADER, FirstError, SignalTraceback
 from podguard.launch.lines import (
+    ACTIVITY,
     CONT_END,
     CONT_START,
     FRAME_START,
@@ -37,13 +39,14 @@ from podguard.launch.lines import (
     Redraws,
     cut_long,
     cut_long_lines,
+    drop_activity,
     may_have_long_line,
     normalise_cr,
     split_hidden,
     strip_cursor,
     strip_escapes,
 )
-from podguard.launch.sinks import LogFile, LogSink, TerminalSink, open_log, write_all
+from podguard.launch.sinks import LogFile, LogSink, open_log, write_all
 
 __all__ = ["CONT_END", "CONT_START", "LINE_CAP", "LineCallback", "Printer", "Stream", "wait_readable", "write_all"]
 
@@ -89,7 +92,7 @@ class Printer:
         background: bool = False,
         on_drained: Callable[[], None] | None = None,
     ) -> None:
-        self._term = TerminalSink(out, background=background, on_drained=on_drained)
+        self._term = Console(out, background=background, on_drained=on_drained)  # stdout; stderr when it stalls
         self._colour = self._term.isatty()  # rich's colours (TTY_COMPATIBLE) only where a person watches
         self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None
@@ -199,7 +202,7 @@ class Printer:
             stream.raw = True  # it redraws in place: let the terminal do that (the line so far first)
             self._out.append(stream.pending)
         if stream.raw:
-            if HIDDEN in data:  # the rank wrapper's marked lines must not reach the terminal
+            if HIDDEN in data or ACTIVITY in data:  # the rank wrapper's marked lines must not reach the terminal
                 self._end_raw(stream)
             else:
                 self._out.append(data)
@@ -219,7 +222,11 @@ class Printer:
         stream.pending = buf[cut + 1 :]
         if b"\r" in complete:
             complete = normalise_cr(complete, line_start=not stream.continued)
-        if stream.redraws.cur is not None or (b"\x1b" in complete and FRAME_START in complete):
+        if b"\x1b" in complete and ACTIVITY in complete:  # the rank wrapper: output without a line end arrived
+            complete, marks = drop_activity(complete)
+            for callback in self._activity if marks else ():
+                callback(stream.name)
+        if stream.redraws.active or (b"\x1b" in complete and FRAME_START in complete):
             complete = stream.redraws.filter(complete)  # a rich live display: what its redraws repeat goes
         if b"\x1b" in complete and b"\x1b[" in complete:  # (memchr first: a 2-byte search is 80x slower)
             complete = strip_cursor(complete)
@@ -252,7 +259,7 @@ class Printer:
             # `pending` holds no line end, except perhaps one last '\\r' (see feed)
             rest = stream.pending.removesuffix(b"\r")
             if rest or not stream.pending.endswith(b"\r"):
-                last = stream.redraws.filter(rest + b"\n") if stream.redraws.cur is not None else rest + b"\n"
+                last = stream.redraws.filter(rest + b"\n") if stream.redraws.active else rest + b"\n"
                 last = strip_cursor(last)  # (rich's last `ESC[?25h` alone: nothing to show)
                 if last:
                     self._emit(stream, (CONT_START if stream.continued else b"") + last)
@@ -328,11 +335,13 @@ class Printer:
                 for callback in list(stream.watchers):
                     callback(stream.name, text)
 
-    def message(self, text: str) -> None:
-        """podguard's own line(s), in order with the workers' output."""
+    def message(self, text: str, *, loud: bool = False) -> None:
+        """podguard's own line(s), in order with the workers' output; `loud` ones (HUNG, a summary) also reach
+        stderr when stdout is stalled (console.py)."""
         data = text.encode("utf-8", "replace")
         self._end_midline()
-        self._out.append(data if data.endswith(b"\n") else data + b"\n")
+        self._flush_terminal()
+        self._term.say(data if data.endswith(b"\n") else data + b"\n", loud=loud)
 
     def _log_warning(self, name: str, path: Path, exc: OSError, what: str) -> None:
         reason = exc.strerror or type(exc).__name__
@@ -350,9 +359,13 @@ class Printer:
     def flush(self) -> None:
         """Hand everything gathered in this round to the sinks (one `writev` for the terminal)."""
         self._flush_logs()
+        self._flush_terminal()
+        self._term.check()
+
+    def _flush_terminal(self) -> None:
         if self._out:
             bufs, self._out = self._out, []
-            self._term.submit(bufs)
+            self._term.show(bufs)
 
     def finish(self, *, stall_s: float = 1.0, cap_s: float = 3.0) -> bool:
         """Flush and wait for the sinks (bounded: a stalled terminal gives up); True when all was written."""

@@ -55,6 +55,12 @@ class KillSequence:
         orphans.signal_all(signal.SIGTERM)
         return True
 
+    def shorten(self, grace_s: float) -> None:
+        """SIGKILL no later than `grace_s` from now: a deadline that came after the shutdown began (a hung job's
+        end, whose budget a long --grace given to a SIGTERM must not stretch)."""
+        if self.stopping and not self.killed and self.kill_at is not None:
+            self.kill_at = min(self.kill_at, time.monotonic() + max(grace_s, 0.0))
+
     def forward(self, workers: Iterable[Worker], signum: int) -> None:
         """Exact forwarding during the shutdown: pass a repeated signal on; the deadline stays."""
         for worker in workers:

@@ -9,8 +9,9 @@
 A slow volume or a blocked stdout must not delay signal forwarding, reaping or the kill deadline, so with
 `background=True` each sink writes in its own daemon thread from a bounded queue; the supervisor stops
 reading the workers' pipes while a queue is over its high-water mark (the workers then block on their own
-pipes, as they would writing to a slow terminal directly) and resumes when it drained. Log files are
-best-effort: a write that fails (a full volume) stops that file, reported once. docs/supervisor.md.
+pipes, as they would writing to a slow terminal directly) and resumes when it drained; a terminal that takes
+nothing at all (stalled) is the console's to handle (console.py: it stops queueing the workers' lines for it). Log
+files are best-effort: a write that fails (a full volume) stops that file, reported once. docs/supervisor.md.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = ["HIGH_WATER", "LOW_WATER", "LogFile", "LogSink", "TerminalSink", "ope
 
 HIGH_WATER = 8 << 20  # queued bytes above which the supervisor stops reading worker pipes
 LOW_WATER = 1 << 20  # ... and below which it reads them again
-_WRITEV_MAX = 512  # buffers per writev (IOV_MAX is 1024 on Linux)
+_WRITEV_MAX = 512  # buffers handed to the terminal per write
+CHUNK = 64 << 10  # bytes per write to the terminal: a pipe's default size, so a slow reader shows progress
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -148,7 +150,8 @@ class _Sink:
 
 
 class TerminalSink(_Sink):
-    """The terminal side: a raw fd when there is one (one `writev` per batch), else any `.write(bytes)`."""
+    """The terminal side: a raw fd when there is one, else any `.write(bytes)`. It counts what it wrote and when
+    it last wrote (`written`, `moved_at`): the console (console.py) tells a slow terminal from a stalled one."""
 
     def __init__(
         self,
@@ -160,6 +163,9 @@ class TerminalSink(_Sink):
         self.fd: int | None = None
         self.obj: BinaryIO | TextIO | None = None
         self.text = False  # a text stream without a binary buffer (io.StringIO, captured stdout)
+        self.written = 0  # bytes the terminal accepted so far (the writer's thread adds to it)
+        self.moved_at = time.monotonic()  # when it last accepted bytes (or bytes began to wait for it)
+        self.broken = False  # its reader went away (EPIPE) or it failed (EIO): nothing more reaches it
         if out is None:
             out = sys.stdout
         if isinstance(out, int):
@@ -185,30 +191,49 @@ class TerminalSink(_Sink):
     def submit(self, bufs: list[bytes]) -> None:
         """Write `bufs` in order: now, or (background) soon, without blocking the caller."""
         if self._queue is not None:
+            if self._queue.pending == 0:
+                self.moved_at = time.monotonic()  # the clock of a stall starts when bytes begin to wait
             self._queue.put(bufs, sum(map(len, bufs)))
         else:
             self.write(bufs)
 
-    def write(self, bufs: list[bytes]) -> None:
-        if self.fd is None or len(bufs) == 1 or len(bufs) > _WRITEV_MAX:
-            self._write_one(bufs[0] if len(bufs) == 1 else b"".join(bufs))
-            return
-        try:
-            done = os.writev(self.fd, bufs)
-        except (BlockingIOError, InterruptedError):
-            done = 0
-        except BrokenPipeError:
-            return
-        if done < sum(map(len, bufs)):  # a partial write (pipe full, signal): finish the rest the slow way
-            self._write_one(b"".join(bufs)[done:])
+    def stuck_s(self, now: float) -> float:
+        """How long bytes have waited without the terminal taking any (0 while it keeps up)."""
+        return now - self.moved_at if self.backlog > 0 else 0.0
 
-    def _write_one(self, data: bytes) -> None:
-        if self.fd is not None:
-            write_all(self.fd, data)
-        elif self.obj is not None:
-            with contextlib.suppress(ValueError, OSError):  # a closed or broken stream: stop printing
-                self.obj.write(data.decode("utf-8", "replace") if self.text else data)  # type: ignore[arg-type]
-                self.obj.flush()
+    def write(self, bufs: list[bytes]) -> None:
+        """Everything in `bufs`, in pieces of at most CHUNK bytes (so that a slow reader shows its progress)."""
+        data = bufs[0] if len(bufs) == 1 else b"".join(bufs)
+        if self.fd is None:
+            if self.obj is not None and not self.broken:
+                try:
+                    self.obj.write(data.decode("utf-8", "replace") if self.text else data)  # type: ignore[arg-type]
+                    self.obj.flush()
+                except (ValueError, OSError):  # a closed or broken stream: stop printing
+                    self.broken = True
+                    return
+                self._moved(len(data))
+            return
+        view = memoryview(data)
+        while view and not self.broken:
+            try:
+                n = os.write(self.fd, view[:CHUNK])
+            except BlockingIOError:
+                poller = select.poll()
+                poller.register(self.fd, select.POLLOUT)
+                poller.poll(1000)
+                continue
+            except InterruptedError:
+                continue
+            except OSError:  # EPIPE (`| head` went away), EIO: keep supervising, stop printing
+                self.broken = True
+                return
+            self._moved(n)
+            view = view[n:]
+
+    def _moved(self, n: int) -> None:
+        self.written += n
+        self.moved_at = time.monotonic()
 
 
 class _TerminalQueue(_Queue):

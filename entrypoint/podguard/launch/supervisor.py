@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol, TextIO
 
 from podguard.errors import DEFAULT_GRACE_S, ExitCode, UsageError, signal_exit_code
 from podguard.launch.loop import EventLoop, Timer
-from podguard.launch.orphans import Orphans, describe_pids, set_subreaper
+from podguard.launch.orphans import Orphans, describe_pids, set_subreaper, stop_helpers
 from podguard.launch.printer import LineCallback, Printer, Stream
 from podguard.launch.process import Worker, start_worker
 from podguard.launch.shutdown import KillSequence
@@ -141,21 +141,26 @@ class Supervisor:
         """Run `fn` in the loop's thread soon; safe to call from any thread."""
         self._loop.call_from_thread(fn)
 
-    def message(self, text: str) -> None:
-        """A podguard line in the output, in order with the workers' lines."""
+    def message(self, text: str, *, loud: bool = False) -> None:
+        """A podguard line in the output, in order with the workers' lines. `loud` (a hang, a fault, the job's end):
+        it also reaches stderr when stdout is stalled (console.py)."""
         for line in text.splitlines() or [""]:
-            self.printer.message(f"podguard: {line}")
+            self.printer.message(f"podguard: {line}", loud=loud)
 
     def fail(self, worker: str | None, code: int, detail: str, *, grace_s: float | None = None) -> None:
         """Declare the job failed (e.g. a role that never became ready) and stop everything; `grace_s` shortens
-        the grace before SIGKILL (a hung job: its end has a deadline)."""
-        if grace_s is not None and not self._shutdown.stopping:
-            self._shutdown.grace_s = min(self._shutdown.grace_s, max(grace_s, 0.0))
+        the grace before SIGKILL (a hung job: its end has a deadline), also for a shutdown already under way (a
+        SIGTERM that came while the hang's evidence was taken)."""
+        if grace_s is not None:
+            if self._shutdown.stopping:
+                self._shutdown.shorten(grace_s)
+            else:
+                self._shutdown.grace_s = min(self._shutdown.grace_s, max(grace_s, 0.0))
         if self._root is None and not self._shutdown.stopping:
             self._root = worker
             self._root_code = code
             self._root_detail = detail
-            self.message(f"{detail}; stopping {self._live_count()} worker(s)")
+            self.message(f"{detail}; stopping {self._live_count()} worker(s)", loud=True)
         self.stop()
 
     def end_with(self, code: int, detail: str) -> None:
@@ -199,6 +204,7 @@ class Supervisor:
             return self._finish()
         except BaseException:
             self.kill_now()
+            stop_helpers()
             self._reap_after_kill()
             raise
         finally:
@@ -238,6 +244,7 @@ class Supervisor:
             if self._live_count() == 0 and not self._controller.more_to_start():
                 if not cleanup_started:
                     cleanup_started = True
+                    stop_helpers()  # (a py-spy the hang's deadline gave up on: the reaper takes it now)
                     self._scan_leftovers()
                     if self._orphans.live:
                         self._stop_leftovers()
@@ -439,5 +446,5 @@ class Supervisor:
         )
         outcome = JobOutcome(exit_code=code, workers=exits, root_cause=root, signal=self._signal, detail=detail)
         if self._summary:
-            self.message(format_summary(outcome))
+            self.message(format_summary(outcome), loud=True)
         return outcome

@@ -1,6 +1,6 @@
 """Helpers for training scripts: import them inside the training process.
 
-    from podguard.rank import init_rank, serialized, log_memory, NanGuard
+    from podguard.rank import init_rank, serialized, log_memory, NanGuard, heartbeat, busy
 
     log_memory("START")
     with serialized("import"):          # one rank at a time through the heavy imports / kernel compiles
@@ -22,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from podguard.rank.busy import busy
     from podguard.rank.config import PRESETS, TrainConfig, build_config, load_config_file, preset
     from podguard.rank.init import RankContext, init_rank, read_dist_env, resolve_device_index
     from podguard.rank.lock import LockHold, serialized
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "PRESETS": "config", "TrainConfig": "config", "build_config": "config", "load_config_file": "config",
     "preset": "config", "RankContext": "init", "init_rank": "init", "read_dist_env": "init",
-    "resolve_device_index": "init", "LockHold": "lock", "serialized": "lock", "MemorySample": "memlog",
+    "resolve_device_index": "init", "busy": "busy", "LockHold": "lock", "serialized": "lock", "MemorySample": "memlog",
     "log_memory": "memlog", "sample_memory": "memlog", "NanGuard": "nanguard", "NonFiniteError": "nanguard",
     "heartbeat": "progress", "resume_from": "resume", "resume_step": "resume", "SaveRequest": "resume",
 }  # fmt: skip
@@ -60,6 +61,7 @@ __all__ = [
     "SaveRequest",
     "TrainConfig",
     "build_config",
+    "busy",
     "heartbeat",
     "init_rank",
     "load_config_file",

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ENV_FILE", "ENV_SLOT", "Beat", "create_board", "heartbeat", "read_board"]
+__all__ = ["ENV_FILE", "ENV_SLOT", "Beat", "Busy", "create_board", "heartbeat", "read_board", "read_slots"]
 
 ENV_FILE = "PODGUARD_HEARTBEAT_FILE"
 ENV_SLOT = "PODGUARD_HEARTBEAT_SLOT"
@@ -34,10 +34,11 @@ MAGIC = b"PGHB0001"
 HEADER = struct.Struct("<8sI")  # magic, slot count
 SLOT = struct.Struct("<QqdIi")  # count, step (-1: none), time.monotonic() of the beat, pid, global rank + 1 (0: none)
 SLOT_SIZE = 32
-FIRST_SLOT = 64  # the header's cache line, then one 32-byte slot per rank
+FIRST_SLOT = 64  # the header's cache line, then one 32-byte slot per rank, then one 32-byte busy slot per rank
+BUSY = struct.Struct("<ddf12s")  # since (monotonic), ended (0: still busy), bound in seconds, what (UTF-8, cut)
 
 _NO_BOARD = object()
-_board: object | tuple[mmap.mmap, int] | None = None  # None: not opened yet; _NO_BOARD: none for this process
+_board: object | tuple[mmap.mmap, int, int] | None = None  # (map, slot, busy slot or -1); _NO_BOARD: none here
 _count = 0
 _rank1 = 0  # this process's global RANK + 1 (0: none)
 _pid = 0  # this process's pid, read once (and again in a forked child): os.getpid() is a system call
@@ -61,9 +62,24 @@ class Beat:
         return self.slot if self.rank is None else self.rank
 
 
+@dataclass(frozen=True)
+class Busy:
+    """A rank's announcement that it is saving or evaluating (podguard.rank.busy): not a hang, up to its bound."""
+
+    slot: int
+    what: str  # "saving", "evaluating" (cut to 12 bytes)
+    since: float  # time.monotonic() when it began
+    ended: float | None  # when it ended (None: still busy)
+    max_s: float  # its bound: past since + max_s it no longer holds the clock
+
+    def holds(self, now: float) -> bool:
+        """Busy now, within its bound."""
+        return self.ended is None and now < self.since + self.max_s
+
+
 def create_board(path: Path, slots: int) -> Path:
-    """A zeroed board of `slots` slots (the supervisor makes it before the workers start)."""
-    data = bytearray(FIRST_SLOT + SLOT_SIZE * max(1, slots))
+    """A zeroed board of `slots` slots and as many busy slots (the supervisor makes it before the workers start)."""
+    data = bytearray(FIRST_SLOT + 2 * SLOT_SIZE * max(1, slots))
     HEADER.pack_into(data, 0, MAGIC, max(1, slots))
     path.write_bytes(bytes(data))
     return path
@@ -72,22 +88,35 @@ def create_board(path: Path, slots: int) -> Path:
 def read_board(path: Path | int) -> dict[int, Beat]:
     """Every slot that has had a heartbeat (the supervisor's side; one read of a small file). `path` may be an fd
     open on the board: it still reads when the file was unlinked under the run (`rm /dev/shm/*` to free space)."""
+    return read_slots(path)[0]
+
+
+def read_slots(path: Path | int) -> tuple[dict[int, Beat], dict[int, Busy]]:
+    """The heartbeats and the busy announcements, from one read of the board (see `read_board`)."""
     try:
         data = path.read_bytes() if isinstance(path, Path) else os.pread(path, os.fstat(path).st_size, 0)
     except OSError:
-        return {}
+        return {}, {}
     if len(data) < FIRST_SLOT or data[:8] != MAGIC:
-        return {}
+        return {}, {}
     _, slots = HEADER.unpack_from(data, 0)
-    out: dict[int, Beat] = {}
-    for slot in range(min(slots, (len(data) - FIRST_SLOT) // SLOT_SIZE)):
-        count, step, at, pid, rank1 = SLOT.unpack_from(data, FIRST_SLOT + slot * SLOT_SIZE)
+    beats: dict[int, Beat] = {}
+    used = min(slots, (len(data) - FIRST_SLOT) // SLOT_SIZE)
+    for slot, (count, step, at, pid, rank1) in enumerate(SLOT.iter_unpack(data[FIRST_SLOT : FIRST_SLOT + used * 32])):
         if count:
-            out[slot] = Beat(slot, count, None if step < 0 else step, at, pid, rank1 - 1 if rank1 > 0 else None)
-    return out
+            beats[slot] = Beat(slot, count, None if step < 0 else step, at, pid, rank1 - 1 if rank1 > 0 else None)
+    busy: dict[int, Busy] = {}
+    start = FIRST_SLOT + slots * SLOT_SIZE
+    region = data[start : start + slots * BUSY.size]
+    if any(region):  # (one C-level scan: nobody was ever busy on most boards)
+        for slot, (since, ended, max_s, what) in enumerate(BUSY.iter_unpack(region[: len(region) // 32 * 32])):
+            if since:
+                text = what.rstrip(b"\0").decode("utf-8", "replace")
+                busy[slot] = Busy(slot, text, since, ended or None, float(max_s))
+    return beats, busy
 
 
-def _open() -> object | tuple[mmap.mmap, int]:
+def _open() -> object | tuple[mmap.mmap, int, int]:
     global _rank1, _pid
     _pid = os.getpid() & 0xFFFFFFFF
     path = os.environ.get(ENV_FILE)
@@ -111,7 +140,16 @@ def _open() -> object | tuple[mmap.mmap, int]:
     if magic != MAGIC or not 0 <= slot < slots:
         mm.close()
         return _NO_BOARD
-    return mm, FIRST_SLOT + slot * SLOT_SIZE
+    busy = FIRST_SLOT + slots * SLOT_SIZE + slot * BUSY.size  # (a board without busy slots: an older podguard's)
+    return mm, FIRST_SLOT + slot * SLOT_SIZE, busy if busy + BUSY.size <= len(mm) else -1
+
+
+def mapped_slot() -> tuple[mmap.mmap, int, int] | None:
+    """This process's board mapping, slot and busy slot (-1: none), opened on first use; None outside podguard."""
+    global _board
+    if _board is None:
+        _board = _open()
+    return None if _board is _NO_BOARD else _board  # type: ignore[return-value]
 
 
 def _torch_rank() -> int | None:
@@ -133,7 +171,7 @@ def heartbeat(step: int | None = None) -> None:
         board = _board = _open()
     if board is _NO_BOARD:
         return
-    mm, offset = board  # type: ignore[misc]
+    mm, offset, _ = board  # type: ignore[misc]
     _count += 1
     value = step if type(step) is int and 0 <= step <= _STEP_MAX else _step_number(step)
     try:  # noqa: SIM105 (the hot path: a try costs nothing, contextlib.suppress an object per call)

@@ -1,11 +1,13 @@
 """The torchrun rank wrapper: run one worker, prefix its lines, record how it ended, end the same way.
 
-    python -m podguard.rank.wrap LABEL [--prefix=rank{rank}:] [--log-dir=DIR] [--gpus=0,1] [--show=0,1] -- CMD...
+    python -m podguard.rank.wrap LABEL [--prefix=rank{rank}:] [--log-dir=DIR] [--gpus=0,1] [--show=0,1]
+                                 [--activity=1] -- CMD...
 
 torchrun starts it once per rank (`build_torchrun_spec` puts it in front of the user's command). It reads
 the worker's stdout and stderr, writes whole lines prefixed `rank{N}:` in single writes of at most
 PIPE_BUF bytes (ranks never interleave mid-line; a rank `--show` leaves out marks its lines HIDDEN: podguard
-keeps them off the terminal, while its watch and log files get every line), appends them to `rank{N}.log`
+keeps them off the terminal, while its watch and log files get every line; with `--activity=1` output without a
+line end, which it holds until the line ends, is told to podguard as an ACTIVITY mark), appends them to `rank{N}.log`
 (best-effort: a full volume costs the log, never the job), writes `podguard_exit.json` next to torch's error
 file, and then exits with the worker's code or dies by the worker's signal. Standard library only (and
 `launch/lines.py`, which imports nothing else); docs/torchrun.md.
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from podguard.errors import ExitCode, signal_exit_code
-from podguard.launch.lines import HIDDEN
+from podguard.launch.lines import ACTIVITY, HIDDEN
 
 __all__ = ["DEFAULT_RANK_PREFIX", "EXIT_FILE", "WRAP_MODULE", "main"]
 
@@ -37,6 +39,7 @@ DEFAULT_RANK_PREFIX = "rank{rank}:"
 PIPE_BUF = 4096  # POSIX: writes up to this size to a pipe are atomic (Linux: 4096)
 TAIL_LINES = 20
 DRAIN_AFTER_EXIT_S = 0.5  # grandchildren (data loader workers) may hold the pipes open: drain briefly
+ACTIVITY_EVERY_S = 1.0  # output without a line end: podguard hears of it at most this often (a dot per step)
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -49,6 +52,7 @@ class WrapOptions:
     log_dir: str | None = None
     gpus: tuple[str, ...] = ()
     show: tuple[str, ...] | None = None  # local ranks whose lines are shown on the terminal; None = all
+    activity: bool = False  # tell podguard of output without a line end (ACTIVITY marks: podguard's watch reads them)
     command: tuple[str, ...] = ()
 
 
@@ -62,6 +66,7 @@ def parse_args(argv: list[str]) -> WrapOptions:
         log_dir=opts.get("--log-dir") or None,
         gpus=tuple(g for g in opts.get("--gpus", "").split(",") if g),
         show=None if show is None else tuple(show.split(",")),
+        activity=opts.get("--activity") == "1",
         command=tuple(argv[sep + 1 :]),
     )
 
@@ -134,12 +139,16 @@ class RankLog:
 class LineStream:
     """One of the worker's pipes, cut into whole lines (`\\n`, `\\r\\n` and bare `\\r` end a line)."""
 
-    def __init__(self, dst: int, prefix: bytes, show: bool, log: RankLog, tail: deque[str]) -> None:
+    def __init__(
+        self, dst: int, prefix: bytes, show: bool, log: RankLog, tail: deque[str], activity: bool = False
+    ) -> None:
         # every line goes to podguard (its watch and log files need them); a hidden one is marked for the terminal
         self.dst, self.prefix, self.log, self.tail = dst, prefix if show else HIDDEN + prefix, log, tail
         self.partial = b""
         self.after_cr = False
         self.dst_ok = True
+        self.activity = activity  # tell podguard of output without a line end (ACTIVITY marks)
+        self.told_at = 0.0  # when podguard was last told of it
         self.room = max(64, PIPE_BUF - len(self.prefix) - 1)  # payload bytes per atomic write (marker included)
 
     def feed(self, data: bytes, final: bool = False) -> None:
@@ -155,6 +164,16 @@ class LineStream:
             self.partial = self.partial[cut:]
         if lines:
             self._emit(lines)
+        elif data and self.partial and self.activity:
+            self._activity()
+
+    def _activity(self) -> None:
+        """Bytes came that end no line (a dot per step): held here until the line ends, so podguard is told that
+        this rank wrote, at most once every ACTIVITY_EVERY_S (progress where no --progress is given)."""
+        now = time.monotonic()
+        if now - self.told_at >= ACTIVITY_EVERY_S:
+            self.told_at = now
+            self.write(self.prefix + ACTIVITY + b"\n")
 
     def _split(self, buf: bytes) -> list[bytes]:
         lines: list[bytes] = []
@@ -327,8 +346,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         return proc
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     streams = {
-        proc.stdout.fileno(): LineStream(1, prefix, show, log, tail),
-        proc.stderr.fileno(): LineStream(2, prefix, show, log, tail),
+        proc.stdout.fileno(): LineStream(1, prefix, show, log, tail, opts.activity),
+        proc.stderr.fileno(): LineStream(2, prefix, show, log, tail, opts.activity),
     }
     status, exit_time = _pump(proc, streams)
     log.close()

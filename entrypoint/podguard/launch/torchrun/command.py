@@ -288,7 +288,7 @@ def _wrapped_tail(
     `-mMODULE` and `--opt=value` start with "-", so torch names the job after the first other argument,
     the label: "train.py FAILED" as with plain torchrun, not "podguard.rank.wrap".
     """
-    wrap = [sys.executable, f"-m{WRAP_MODULE}", cmd.target, f"--prefix={rank_prefix}"]
+    wrap = [sys.executable, f"-m{WRAP_MODULE}", cmd.target, f"--prefix={rank_prefix}", "--activity=1"]
     if log_dir is not None:
         wrap.append(f"--log-dir={log_dir}")
     if not selection.cpu_only:

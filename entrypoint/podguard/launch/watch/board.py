@@ -6,8 +6,9 @@
     beats = read_placed(placed)   # through the run's own fd: a board unlinked under the run still reads
     remove_board(placed)
 
-The board is one 32-byte slot per rank plus a 64-byte header: sized for every rank that can appear on this node
-(`MIN_SLOTS`, 1024 slots, 32 KiB: CPU workers, launchers that start their own ranks), so no local rank finds
+The board is one 32-byte slot per rank (and one 32-byte busy slot: podguard.rank.busy) plus a 64-byte header: sized
+for every rank that can appear on this node (`MIN_SLOTS`, 1024 slots, 64 KiB: CPU workers, launchers that start their
+own ranks), so no local rank finds
 its slot missing. It is written whole at creation, so every page is allocated then: a store through the
 workers' mmap can never hit a full tmpfs later (that would be SIGBUS in the training process). Where `/dev/shm`
 cannot take it (missing, read-only, or full, as Docker's 64 MB default can be once NCCL and data loaders use
@@ -28,12 +29,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podguard.rank.progress import Beat, create_board, read_board
+from podguard.rank.progress import Beat, Busy, create_board, read_slots
 
-__all__ = ["MIN_SLOTS", "SHM", "PlacedBoard", "place_board", "read_placed", "remove_board", "remove_stale"]
+__all__ = [
+    "MIN_SLOTS",
+    "SHM",
+    "PlacedBoard",
+    "place_board",
+    "read_placed",
+    "read_placed_slots",
+    "remove_board",
+    "remove_stale",
+]
 
 SHM = Path("/dev/shm")
-MIN_SLOTS = 1024  # every local rank a launcher may start on one node (32 KiB)
+MIN_SLOTS = 1024  # every local rank a launcher may start on one node (64 KiB with the busy slots)
 PREFIX = "podguard-hb-"
 STALE_AFTER_S = 60.0  # a board nobody holds is a killed run's only past this age (a starting run locks at once)
 
@@ -75,9 +85,14 @@ def place_board(run_id: str, slots: int, fallbacks: Sequence[Path] = (), shm: Pa
 
 def read_placed(placed: PlacedBoard | None) -> dict[int, Beat]:
     """The board's beats, read through the run's own fd (a board unlinked under the run still reads)."""
+    return read_placed_slots(placed)[0]
+
+
+def read_placed_slots(placed: PlacedBoard | None) -> tuple[dict[int, Beat], dict[int, Busy]]:
+    """The board's beats and busy announcements (podguard.rank.busy), from one read (see `read_placed`)."""
     if placed is None or placed.path is None:
-        return {}
-    return read_board(placed.lock if placed.lock is not None else placed.path)
+        return {}, {}
+    return read_slots(placed.lock if placed.lock is not None else placed.path)
 
 
 def remove_board(placed: PlacedBoard) -> None:

@@ -109,13 +109,13 @@ class HangEvidence:
         """Every rank's stacks first (milliseconds, while everything is as it hung), then torch's flight recorder
         through its pipe (seconds: torch symbolizes its dump)."""
         from podguard.launch.watch.flight import trigger_flight_dump
-        from podguard.launch.watch.stacks import capture_stacks, find_rank_processes, hang_summary
+        from podguard.launch.watch.stacks import capture_ranks, find_rank_processes, hang_summary
 
         self.dir.mkdir(parents=True, exist_ok=True)
         gpus = {name: self.worker_gpus.get(name, ()) for name in self.pids}
         targets = [self._with_gpu(t) for t in find_rank_processes(self.pids, gpus=gpus)]
         self.step = f"taking the stacks of {len(targets)} process(es) with py-spy"
-        stacks = capture_stacks(targets, self.dir / "stacks")
+        stacks = capture_ranks(targets, self.dir / "stacks")
         self.record["stacks"] = [
             {
                 "name": s.target.name,
@@ -127,6 +127,7 @@ class HangEvidence:
                 "innermost_user_frame": s.innermost_user_frame,
                 "collective": s.collective,
                 "error": s.error,
+                "stopped": s.stopped,
                 "duration_ms": round(s.duration_ms, 1),
             }
             for s in stacks

@@ -23,6 +23,7 @@ __all__ = ["WRAP_MODULE", "StackTarget", "find_rank_processes"]
 
 WRAP_MODULE = "podguard.rank.wrap"  # torchrun mode's per-rank wrapper: an ancestor of the rank, not the rank
 _PYTHON_EXE = re.compile(r"^(python|pypy)[0-9.]*[dmu]*$")
+DATA_WORKER = "pt_data_worker"  # the name torch gives a DataLoader worker's thread (torch/utils/data/_utils/worker.py)
 _HELPER = re.compile(  # multiprocessing's own helpers and torch.compile's worker pool: never ranks
     r"multiprocessing\.(resource_tracker|forkserver|semaphore_tracker)|torch\._inductor\.compile_worker"
 )
@@ -91,6 +92,7 @@ class _Proc:
     wrapper_gpus: tuple[int, ...] | None  # podguard's rank wrapper, with the NVML indices it was given
     helper: bool  # a multiprocessing helper (resource_tracker, forkserver): never a rank
     start: int  # start time (clock ticks since boot): child order
+    data_worker: bool = False  # torch's DataLoader worker (its thread is named pt_data_worker): never a rank
 
 
 def _describe(pid: int) -> _Proc:
@@ -106,7 +108,8 @@ def _describe(pid: int) -> _Proc:
     helper = any(_HELPER.search(a) for a in argv)
     stat = read_stat(pid)
     start = stat.start_time if stat is not None else 0
-    return _Proc(pid, rank if rank is not None else local, local, _is_python(pid), gpus, helper, start)
+    loader = stat is not None and stat.comm == DATA_WORKER
+    return _Proc(pid, rank if rank is not None else local, local, _is_python(pid), gpus, helper, start, loader)
 
 
 def _rank_gpu(gpus: Sequence[int], local_rank: int | None) -> int | None:
@@ -141,7 +144,9 @@ class _Walk:
     def python_kids(self, pid: int) -> list[_Proc]:
         """The Python children that may be ranks (not helpers), in the order they started."""
         kids = [self.procs[c] for c in self.kids.get(pid, []) if c in self.procs]
-        return sorted((k for k in kids if k.python and not k.helper), key=lambda k: (k.start, k.pid))
+        return sorted(
+            (k for k in kids if k.python and not k.helper and not k.data_worker), key=lambda k: (k.start, k.pid)
+        )
 
     def visit(self, pid: int, claimed: object, gpus: tuple[int, ...], inside: bool) -> None:
         proc = self.procs.get(pid)
@@ -151,6 +156,10 @@ class _Walk:
             gpus = proc.wrapper_gpus
         if proc.python and proc.helper:
             self.add(proc, None, None, (), "helper")
+        elif proc.python and proc.data_worker:  # a DataLoader worker: its rank's (or the job's) own child
+            if sum(1 for t in self.found if t.role == "child") < MAX_CHILDREN:
+                self.add(proc, None, None, (), "child")
+            return
         elif proc.python and proc.wrapper_gpus is None:
             if inside and proc.rank is not None and proc.rank != claimed:  # a rank below a rank's launcher
                 self.add(proc, proc.rank, proc.local_rank, gpus, "rank")
@@ -208,7 +217,7 @@ def _walk(root: int, name: str, gpus: Sequence[int]) -> list[StackTarget]:
         return [t for t in walk.found if t.role != "launcher"]
     launchers = [t for t in walk.found if t.role == "launcher"]
     if launchers:
-        return [replace(t, role="rank") for t in launchers]  # a single process: the job itself
+        return [replace(t, role="rank") if t.role == "launcher" else t for t in walk.found]  # the job itself
     return [StackTarget(root, None, None, gpus[0] if len(gpus) == 1 else None, name)]
 
 

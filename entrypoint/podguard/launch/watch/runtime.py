@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
-from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, remove_board
+from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, read_placed_slots, remove_board
 from podguard.launch.watch.evidence import (
     HANG_END_S,
     LOOP_WRITE_S,
@@ -37,8 +37,10 @@ from podguard.launch.watch.evidence import (
     hang_grace_s,
     write_json,
 )
+from podguard.launch.watch.filters import PipelineFilters
 from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
 from podguard.launch.watch.progress import Hang, ProgressWatch
+from podguard.launch.watch.quiet_ranks import QuietRanks
 from podguard.launch.watch.stragglers import StepRates
 from podguard.rank.progress import ENV_FILE, Beat
 
@@ -64,6 +66,7 @@ class RuntimeSettings:
     slot_gpus: Mapping[int, int] = field(default_factory=dict)  # heartbeat slot (local rank) -> NVML index
     python: str | None = None  # the job's interpreter, where its command names one (its torch arms the recorder)
     line_prefix: re.Pattern[str] | None = None  # a launcher's prefix on the workers' lines (torchrun: `rank3: `)
+    line_rank: re.Pattern[str] | None = None  # ... and the rank it names (group `rank`): whose line it is
     tick_s: float = TICK_S
     cluster: GateSettings | None = None  # a multi-node run: where the nodes share their progress (node 0's store)
     hang_end_s: float = field(default_factory=lambda: _env_seconds("PODGUARD_HANG_END_S", HANG_END_S))
@@ -106,6 +109,9 @@ class RuntimeWatch:
         self.job_env: dict[str, str] = dict(os.environ)
         self.worker_gpus: dict[str, tuple[int, ...]] = {}
         self.beats: dict[int, Beat] = {}  # the heartbeat board as last read (the metrics read it)
+        st = settings
+        self.quiet = QuietRanks(st.hang_timeout_s, st.progress, st.line_rank, dict(st.slot_gpus))  # the per-rank rule
+        self._filters = PipelineFilters() if st.hang_timeout_s and st.progress is None else None  # (filters.py)
         self.gpu_reader: Callable[[GpuBackend], None] | None = None  # called after each fault poll (metrics/)
         self._poller: GpuPoller | None = None  # the GPU fault watch's thread (NVML never on the loop)
         self._share: ProgressShare | None = None  # multi-node: the other nodes' progress (its own thread)
@@ -192,7 +198,7 @@ class RuntimeWatch:
         self._timer = self.sup.call_later(self.settings.tick_s, self._tick)
 
     def _line(self, worker: str, line: str) -> None:
-        self.progress.line(worker, line, time.monotonic())
+        self.progress.line(worker, line, time.monotonic(), rank=self.quiet.line_rank(self.sup, worker, line))
 
     def _activity(self, worker: str) -> None:
         self.progress.activity(worker, time.monotonic())
@@ -201,11 +207,19 @@ class RuntimeWatch:
         sup = self.sup
         assert sup is not None
         now = time.monotonic()
-        board = self.beats = read_placed(self._placed)
+        board, busy = read_placed_slots(self._placed)
+        self.beats = board
         for slot in self.progress.beats(board, now):
             beat = board[slot]
             if beat.step is not None:
                 self.rates.observe(slot, beat.step, beat.at)
+        self.progress.busy(busy, now)
+        self.quiet.sample(self.progress, now)
+        if self._filters is not None and now - self.progress.last_at >= (self.settings.hang_timeout_s or 0) / 2:
+            for worker, note in self._filters.sample_supervisor(sup):  # a filter holding the job's lines reads on
+                self.progress.activity(worker, now)
+                if note:
+                    sup.message(note)
         for slow in self.rates.check(now):
             sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
@@ -213,9 +227,22 @@ class RuntimeWatch:
         if self._share is not None and (seen := self._share.remote()) is not None:
             self.progress.remote(*seen)  # another node moved: the job is not hung
         if self.hang is None and not sup.stopping and (hang := self.progress.check(now, alive=_pid_alive)) is not None:
-            self._on_hang(hang)
+            if hang.job:
+                self._on_hang(hang)
+            else:  # these ranks stopped while the job moves on: do they wait for the others? (quiet_ranks.py)
+                self.quiet.judge(
+                    hang, self.progress, now, on_loop=self._on_loop, hung=self._on_hang, say=sup.message,
+                    still=lambda: self.progress.check(time.monotonic(), alive=_pid_alive),
+                )  # fmt: skip
         if not self._closed:
             self._schedule()
+
+    def hold_clock(self, max_s: float) -> None:
+        """podguard waits for a save it asked for (--save-signal): the hang clock stands still, at most `max_s`."""
+        self.progress.hold(time.monotonic(), max_s)
+
+    def release_clock(self) -> None:
+        self.progress.release(time.monotonic())
 
     def _rank(self, slot: int) -> str:
         """'rank 9 (GPU 1)': the global rank where the heartbeat told it, the GPU of its local slot."""
@@ -243,7 +270,7 @@ class RuntimeWatch:
             elif not self.sup.stopping and not ending:
                 self.sup.fail(None, ExitCode.GPU_UNHEALTHY, f"GPU FAULT: {fault.text}: ending the job")
             else:
-                self.sup.message(f"GPU FAULT: {fault.text}")
+                self.sup.message(f"GPU FAULT: {fault.text}", loud=True)
 
     def _say_later(self, text: str) -> None:
         """A line from a helper thread, printed by the loop."""
@@ -296,10 +323,11 @@ class RuntimeWatch:
     def _on_hang(self, hang: Hang) -> None:
         """Keep the evidence on a helper thread; end the job when it is kept, or at the deadline whatever it does."""
         sup = self.sup
-        assert sup is not None
+        if sup is None or self.hang is not None or sup.stopping:
+            return
         self.hang = hang
         self._hang_at = time.monotonic()
-        sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}")
+        sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}", loud=True)
         pids = {name: w.pid for name, w in sup.workers.items() if w.alive}
         self.worker_gpus = {name: tuple(w.spec.gpus) for name, w in sup.workers.items()}
         evidence = HangEvidence(
@@ -330,7 +358,7 @@ class RuntimeWatch:
             self._deadline.cancel()
         self.hang_lines = list(lines)
         for line in lines:
-            sup.message(line)
+            sup.message(line, loud=True)
         who = f" (rank(s) {', '.join(map(str, hang.ranks))})" if hang.ranks else ""
         st = self.settings
         grace = hang_grace_s(st.hang_end_s, st.tick_s, self._hang_at, time.monotonic())

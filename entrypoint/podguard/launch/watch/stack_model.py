@@ -57,6 +57,7 @@ class RankStacks:
     error: str | None  # why there are no stacks: one line with the cause and the fix
     duration_ms: float
     collective: str | None = None  # the torch.distributed call the main thread waits in, e.g. "all_reduce"
+    stopped: bool = False  # the process was stopped (state T: a SIGSTOP, a debugger) when its stacks were taken
 
 
 def is_user_file(path: str) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import linecache
 import os
 import re
 import shutil
@@ -26,9 +27,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from podguard.launch.orphans import release_helper, start_helper
 from podguard.launch.watch.ranks import StackTarget, find_rank_processes
 from podguard.launch.watch.stack_model import Frame, RankStacks, ThreadStack
 from podguard.launch.watch.verdict import COLLECTIVES, collective_of, hang_summary
@@ -42,11 +44,13 @@ __all__ = [
     "StackTarget",
     "ThreadStack",
     "allow_tracing_by",
+    "capture_ranks",
     "capture_stacks",
     "find_py_spy",
     "find_rank_processes",
     "hang_summary",
     "ptrace_diagnosis",
+    "settle_roles",
 ]
 
 PY_SPY_INSTALL = "pip install 'podguard[stacks]' (or: pip install py-spy)"
@@ -151,15 +155,17 @@ def _start(target: StackTarget, py_spy: Sequence[str], out_dir: Path) -> _Run:
     stem = _stem(target)
     raw, err = out_dir / f"{stem}.json", out_dir / f".{stem}.err"
     stat = read_stat(target.pid)
-    run = _Run(target, raw, err, None, time.monotonic(), stat is not None and stat.state == "T")
+    run = _Run(target, raw, err, None, time.monotonic(), stat is not None and stat.state in ("T", "t"))
     if stat is None or stat.state in ("Z", "X"):
         run.error = "the process had already exited"
         return run
     argv = [*py_spy, "dump", "--pid", str(target.pid), "--json"]  # JSON has full and short file names
+    if run.stopped_before:  # ptrace cannot pause a process that is stopped already: read its memory as it is
+        argv.append("--nonblocking")
     env = {**os.environ, "RUST_BACKTRACE": "0"}
     try:
         with raw.open("wb") as out, err.open("wb") as errf:
-            run.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=errf, env=env)
+            run.popen = start_helper(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=errf, env=env)
     except OSError as exc:
         run.error = f"cannot run py-spy: {exc.strerror or exc}"
     return run
@@ -176,6 +182,7 @@ def _finish(run: _Run, deadline: float, timeout_s: float) -> None:
                 run.popen.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
                 run.error += f"; py-spy itself could not be ended (pid {run.popen.pid}, blocked in the kernel)"
+        release_helper(run.popen)  # (one given up on is the orphan reaper's to reap once the kernel lets it go)
     run.ended = time.monotonic()
     _resume_if_stopped(run)
 
@@ -233,7 +240,13 @@ def _where(target: StackTarget, threads: Sequence[ThreadStack]) -> tuple[str | N
         return None, None
     index = next((i for i, f in enumerate(main.frames) if f.is_user), None)
     user = main.frames[index].where() if index is not None else None
-    return user, collective_of(main.frames, index)
+    return user, collective_of(main.frames, index, line_of=_source_line)
+
+
+def _source_line(frame: Frame) -> str:
+    """The frame's source line, read from its file as podguard sees it (the same container): '' when unreadable."""
+    linecache.checkcache(frame.file)
+    return linecache.getline(frame.file, frame.line)
 
 
 def render(target: StackTarget, threads: Sequence[ThreadStack]) -> str:
@@ -262,11 +275,12 @@ def _result(run: _Run) -> RankStacks:
     if error is not None or not threads:
         with contextlib.suppress(OSError):
             run.raw.unlink()
-        return RankStacks(run.target, None, (), None, error or "py-spy found no Python threads", duration)
+        error = error or "py-spy found no Python threads"
+        return RankStacks(run.target, None, (), None, error, duration, stopped=run.stopped_before)
     threads = tuple(sorted(threads, key=lambda t: t.thread_id != run.target.pid))  # the main thread first
     user, collective = _where(run.target, threads)
     kept = _keep(run.raw.with_suffix(".txt"), run.target, threads)
-    return RankStacks(run.target, kept, threads, user, None, duration, collective)
+    return RankStacks(run.target, kept, threads, user, None, duration, collective, run.stopped_before)
 
 
 def _keep(path: Path, target: StackTarget, threads: Sequence[ThreadStack]) -> Path | None:
@@ -313,3 +327,54 @@ def capture_stacks(
     for run in runs:
         _finish(run, run.started + timeout_s, timeout_s)
     return [_result(run) for run in runs]
+
+
+# --------------------------------------------------------------------------------------------------
+# roles that only the stacks tell
+
+
+def is_data_loader_worker(stacks: RankStacks) -> bool:
+    """The process runs torch's data-loader worker loop (`_worker_loop`, torch/utils/data/_utils/worker.py)."""
+    main = stacks.threads[0] if stacks.threads else None
+    return main is not None and any(
+        f.function.rsplit(".", 1)[-1] == "_worker_loop" and "/torch/utils/data/" in f.file.replace("\\", "/")
+        for f in main.frames
+    )
+
+
+def settle_roles(stacks: Sequence[RankStacks]) -> tuple[list[RankStacks], list[StackTarget]]:
+    """Data-loader workers are never ranks: a "rank" whose stack is torch's worker loop (a one-process job's
+    workers look like mp.spawn's ranks from outside: Python children without a rank variable) becomes a `child`.
+    Returns the stacks so relabelled and, for each worker whose ranks were all such children, the process that
+    runs their loop (their parent) as the rank to dump next: the main process of a one-process job."""
+    out: list[RankStacks] = []
+    demoted: dict[str, set[int]] = {}  # worker name -> the parents of its data-loader workers
+    for s in stacks:
+        if s.target.role == "rank" and is_data_loader_worker(s):
+            s = replace(s, target=replace(s.target, rank=None, local_rank=None, role="child"))
+            stat = read_stat(s.target.pid)
+            if stat is not None:
+                demoted.setdefault(s.target.name, set()).add(stat.ppid)
+        out.append(s)
+    dumped = {s.target.pid for s in out}
+    parents = [
+        StackTarget(pid, None, None, gpus.pop() if len(gpus := _gpus_of(out, name)) == 1 else None, name)
+        for name, pids in demoted.items()
+        if not any(s.target.role == "rank" and s.target.name == name for s in out)
+        for pid in sorted(pids - dumped)
+    ]
+    return out, parents
+
+
+def _gpus_of(stacks: Sequence[RankStacks], name: str) -> set[int]:
+    return {s.target.gpu for s in stacks if s.target.name == name and s.target.gpu is not None}
+
+
+def capture_ranks(targets: Sequence[StackTarget], out_dir: Path, *, timeout_s: float = 10.0) -> list[RankStacks]:
+    """`capture_stacks`, then `settle_roles`: the main process of a one-process job with data-loader workers is
+    dumped and named (ranks first in the result)."""
+    stacks, parents = settle_roles(capture_stacks(targets, out_dir, timeout_s=timeout_s))
+    if parents:
+        stacks = capture_stacks(parents, out_dir, timeout_s=timeout_s) + stacks
+    order = {"rank": 0, "launcher": 1, "child": 2, "helper": 3}
+    return sorted(stacks, key=lambda s: order.get(s.target.role, 4))

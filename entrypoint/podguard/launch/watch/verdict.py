@@ -19,13 +19,23 @@ in the verdict. docs/watch.md, "Stacks".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from podguard.launch.watch.stack_model import Frame, RankStacks
 
-__all__ = ["BACKWARD_WAIT", "COLLECTIVES", "FRAMEWORK_WAITS", "collective_of", "hang_summary"]
+__all__ = [
+    "ASYNC_WAIT",
+    "BACKWARD_WAIT",
+    "COLLECTIVES",
+    "FRAMEWORK_WAITS",
+    "RENDEZVOUS",
+    "collective_of",
+    "group_ranks",
+    "hang_summary",
+]
 
 COLLECTIVES = frozenset(
     {
@@ -48,9 +58,20 @@ FRAMEWORK_WAITS = frozenset(
         "reduce_ipg_grads", "all_gather_dp_groups",
     }
 )  # fmt: skip
+RENDEZVOUS = frozenset(
+    {
+        # a process group's start: the store's rendezvous, then the backend connecting to every peer
+        "init_process_group", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "init_device_mesh",
+        "rendezvous", "_create_c10d_store", "_store_based_barrier", "_new_process_group_helper",
+    }
+)  # fmt: skip
 BACKWARD_WAIT = "backward's gradient all-reduce"
+ASYNC_WAIT = "an async collective's wait()"
+_ASYNC_WAIT_CALL = re.compile(r"(?<![\w.])(?!os\.)[A-Za-z_][\w.\[\]]*\.wait\(")  # `work.wait()`, `h[0].wait(t)`
 _AUTOGRAD_ENTRIES = frozenset({"_engine_run_backward", "run_backward", "backward", "grad"})
+STOPPED = "state T: a SIGSTOP, or a debugger holds it"
 _LIBRARIES = ("/torch/", "/deepspeed/")
+_PROCESS_GROUP_STARTS = frozenset({"init_process_group", "new_group", "init_device_mesh"})
 
 
 def _name(frame: Frame) -> str:
@@ -63,17 +84,43 @@ def _library(frame: Frame) -> bool:
     return any(part in path for part in _LIBRARIES)
 
 
-def collective_of(frames: Sequence[Frame], user_index: int | None) -> str | None:
-    """The wait below the user's frame (or anywhere, without one): the outermost torch.distributed call or
-    framework wait, else autograd's engine as the innermost Python frame (DDP's all-reduce runs in there)."""
+def collective_of(
+    frames: Sequence[Frame], user_index: int | None, line_of: Callable[[Frame], str] | None = None
+) -> str | None:
+    """The wait below the user's frame (or anywhere, without one): the outermost torch.distributed call,
+    rendezvous or framework wait, else autograd's engine as the innermost Python frame (DDP's all-reduce runs in
+    there). An async collective's `work.wait()` is a C++ method with no Python frame of its own: when the user's
+    frame is the innermost one and its source line (`line_of`) calls `.wait()`, the rank waits there."""
     inner = frames[:user_index] if user_index is not None else frames
     for f in reversed(inner):  # outermost first: the call the user made, not torch's internal helpers
         name = _name(f)
+        if name in RENDEZVOUS and _library(f):
+            return f"{name}'s rendezvous" if name in _PROCESS_GROUP_STARTS else "a process group's rendezvous"
         if (name in COLLECTIVES or name in FRAMEWORK_WAITS) and _library(f):
             return name
     if inner and _name(inner[0]) in _AUTOGRAD_ENTRIES and "/torch/autograd/" in inner[0].file.replace("\\", "/"):
         return BACKWARD_WAIT
+    if user_index == 0 and line_of is not None and _ASYNC_WAIT_CALL.search(line_of(frames[0])):
+        return ASYNC_WAIT
     return None
+
+
+def group_ranks(ranks: Sequence[int | None]) -> str:
+    """'rank 1', 'ranks 0, 2-5' (None: left out)."""
+    numbers = [r for r in ranks if r is not None]
+    word = "rank" if len(numbers) == 1 else "ranks"
+    return f"{word} {', '.join(_spans(sorted(numbers)))}"
+
+
+def _spans(numbers: Sequence[int]) -> list[str]:
+    parts, i = [], 0
+    while i < len(numbers):
+        j = i
+        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
+            j += 1
+        parts.append(str(numbers[i]) if i == j else f"{numbers[i]}-{numbers[j]}")
+        i = j + 1
+    return parts
 
 
 def _ranks(items: Sequence[RankStacks]) -> str:
@@ -96,20 +143,38 @@ def _ranks(items: Sequence[RankStacks]) -> str:
 def _state(s: RankStacks, plural: bool = False) -> str:
     """'waits in all_reduce at train.py:57 in step' / 'is at data.py:12 in load_batch' (plural: wait / are)."""
     where = s.innermost_user_frame or "no frame of the user's code"
+    if s.stopped:
+        return f"{'are' if plural else 'is'} stopped ({STOPPED}) at {where}"
     if s.collective:
         return f"{'wait' if plural else 'waits'} in {s.collective} at {where}"
     return f"{'are' if plural else 'is'} at {where}"
 
 
 def _rank_line(s: RankStacks) -> str:
+    stopped = f" (stopped: {STOPPED})" if s.stopped else ""
     if s.error:
-        return f"{s.target.label}: no stacks: {s.error}"
+        return f"{s.target.label}: no stacks: {s.error}{stopped}"
     where = s.innermost_user_frame or "(no frame of the user's code)"
-    return f"{s.target.label}: {where}" + (f" (in {s.collective})" if s.collective else "")
+    return f"{s.target.label}: {where}" + (f" (in {s.collective})" if s.collective else "") + stopped
 
 
 def _group(items: Sequence[RankStacks]) -> str:
     return f"{_ranks(items)} {_state(items[0], plural=len(items) > 1)}"
+
+
+def _stopped_verdict(ranks: Sequence[RankStacks], good: Sequence[RankStacks]) -> str | None:
+    """A rank that is stopped (state T) while others are not is the likely stuck one, whatever they do."""
+    stopped = [s for s in ranks if s.stopped]
+    if not stopped or len(stopped) == len(ranks):
+        return None
+    groups: dict[str, list[RankStacks]] = {}
+    for s in good:
+        if not s.stopped:
+            groups.setdefault(_state(s), []).append(s)
+    parts = [_group(g) for g in sorted(groups.values(), key=len, reverse=True)]
+    parts.append(f"{_ranks(stopped)} {'is' if len(stopped) == 1 else 'are'} stopped ({STOPPED})")
+    who = "is the likely stuck rank" if len(stopped) == 1 else "are the likely stuck ranks"
+    return "; ".join(parts) + f": {_ranks(stopped)} {who}"
 
 
 def _verdict(good: Sequence[RankStacks]) -> str | None:
@@ -143,7 +208,7 @@ def hang_summary(stacks: Sequence[RankStacks]) -> list[str]:
     others = [s for s in stacks if s.target.role != "rank"]
     lines = [_rank_line(s) for s in ranks or stacks]
     good = [s for s in ranks if not s.error]
-    verdict = _verdict(good)
+    verdict = _stopped_verdict(ranks, good) or _verdict(good)
     if verdict:
         lines.append(verdict)
     if ranks and others:
