@@ -155,3 +155,25 @@ def assert_no_key(standin: Any, tmp_path: Path, *texts: str) -> None:
     for path in (tmp_path / "state").rglob("*"):
         if path.is_file():
             assert KEY not in path.read_text(errors="replace"), path
+
+
+def intent(standin: Any, name: str = "trainer") -> dict[str, Any] | None:
+    """The keep's record of `name` as RunPod holds it (the template `podguard-intent-<name>`), or None."""
+    with standin.world.lock:
+        found = [t for t in standin.world.templates.values() if t.get("name") == f"podguard-intent-{name}"]
+    if not found:
+        return None
+    assert len(found) == 1, found
+    return json.loads(found[0]["env"]["PODGUARD_INTENT"])
+
+
+def billing(world: World, name: str = "trainer") -> list[PodRecord]:
+    """The pods of `name` that bill now (RUNNING, STARTING, PROVISIONING, ERROR: RunPod charges until a stop)."""
+    return [p for p in live_pods(world, name) if p.status in ("RUNNING", "STARTING", "PROVISIONING", "ERROR")]
+
+
+def marked(world: World, pod: PodRecord, **changes: Any) -> dict[str, Any]:
+    """A create body like `pod`, with its env (podguard's mark included): another podguard actor's twin."""
+    from standin_state import same_as
+
+    return {**same_as(pod), **changes}

@@ -392,11 +392,12 @@ def test_get_pods_sends_only_documented_parameters_and_reads_one_answer(standin,
     # parameter but includeClusterPods, as a client that invents `limit`/`cursor` paging would deserve
     world = standin.world
     world.set_capacity("NVIDIA A40", 100)
-    world.create({"name": "trainer", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 2}})
+    trainer = world.create({"name": "trainer", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 2}})
     for i in range(40):  # newer pods come first: "trainer" is the last of a long answer
         world.create({"name": f"busy-{i}", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}})
     assert up(cluster_spec(tmp_path, 2)).returncode == 0  # members are hidden unless includeClusterPods=true
-    proc = pg(["pod", "up", "--spec", str(write_spec(tmp_path / "pod.toml", A40_SPEC)), "--json"])
+    spec = str(write_spec(tmp_path / "pod.toml", A40_SPEC))
+    proc = pg(["pod", "up", "--spec", spec, "--json", "--adopt", trainer.id])  # made by hand: handed over
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["action"] == "reused" and standin.calls("POST", r"^/v2/pods$") == []
     listed = json.loads(pg(["pod", "list", "--json"]).stdout)
@@ -427,7 +428,7 @@ def test_a_create_body_over_100_kb_is_64_naming_the_env_size(standin, tmp_path):
     for spec in (pod_spec, big_cluster):
         proc = pg(["pod", "up", "--spec", str(spec)])
         assert proc.returncode == 64, proc.stderr
-        assert re.search(r"HTTP 413.*env 117\.\d KB in 1 variables", proc.stderr), proc.stderr
+        assert re.search(r"HTTP 413.*env 117\.\d KB in 2 variables", proc.stderr), proc.stderr
         assert [line for line in proc.stderr.splitlines() if "error" in line] == proc.stderr.splitlines()[-1:]
         assert big not in proc.stderr
     assert standin.world.pods == {} and standin.world.clusters == {}

@@ -365,6 +365,7 @@ def test_limits_reach_the_create_body_as_guard_variables(standin, tmp_path):  # 
     assert proc.returncode == 0, proc.stderr
     (create,) = standin.calls("POST", r"^/v2/pods$")
     env = json.loads(create.body)["env"]
+    assert env.pop("PODGUARD_MARK").startswith("podguard/1 name=")  # podguard's mark on what it makes
     assert env == {
         "WANDB_PROJECT": "demo",
         "PODGUARD_IDLE_STOP": "30m",
@@ -379,6 +380,7 @@ def test_hang_timeout_and_restarts_in_limits_reach_the_pod_as_their_variables(st
     assert proc.returncode == 0, proc.stderr
     (create,) = standin.calls("POST", r"^/v2/pods$")
     env = json.loads(create.body)["env"]
+    assert env.pop("PODGUARD_MARK").startswith("podguard/1 name=")
     assert env == {"WANDB_PROJECT": "demo", "PODGUARD_HANG_TIMEOUT": "30m", "PODGUARD_RESTARTS": "2"}
 
 

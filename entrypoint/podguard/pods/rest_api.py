@@ -189,10 +189,13 @@ def parse_answer(parse: Any, body: Any, what: str) -> Any:
 
 
 def _status(raw: Any) -> PodStatus:
+    """RunPod's status; one its spec does not list (`RESTARTING` for a moment) or none at all is UNKNOWN: a caller
+    reads again, it never takes it for ERROR."""
     try:
-        return PodStatus(str(raw).upper())
+        status = PodStatus(str(raw).upper()) if raw is not None else PodStatus.UNKNOWN
     except ValueError:
-        return PodStatus.ERROR
+        return PodStatus.UNKNOWN
+    return status
 
 
 def _ssh(ssh: Any) -> str | None:
@@ -251,7 +254,15 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
         cluster_id=str(cluster["id"]) if cluster.get("id") else None,
         cluster_rank=None if rank is None else int(rank),
         has_runtime=isinstance(d.get("runtime"), dict),
+        container_uptime_s=_uptime(d.get("runtime")),
+        status_text=str(d.get("status") or ""),
     )
+
+
+def _uptime(runtime: Any) -> int | None:
+    if not isinstance(runtime, dict) or not isinstance(runtime.get("uptime"), int | float):
+        return None
+    return int(runtime["uptime"])
 
 
 def mounts_body(volume: Volume | None) -> dict[str, Any] | None:
