@@ -82,6 +82,14 @@ class RestApi:
             raise too_large(exc, payload, "pod") from None
         return parse_answer(pod_from_rest, body, "create pod")
 
+    def act_once(self, pod_id: str, action: PodAction) -> None:
+        """One attempt of `action`, not retried: the caller retries, and knows each attempt (a keeper leases each
+        start it sends: one whose answer was lost may still land)."""
+        if action is PodAction.TERMINATE:
+            self.transport.request("DELETE", path_of("v2", "pods", pod_id))
+            return
+        self.transport.request("POST", path_of("v2", "pods", pod_id, "action"), body={"action": str(action)})
+
     def act(self, pod_id: str, action: PodAction) -> Pod | None:
         what = f"{action} pod {pod_id}"
         if action is PodAction.TERMINATE:

@@ -23,6 +23,7 @@ from podguard.pods.api import PodApi
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.fence import Fence
+from podguard.pods.keeper.intent_store import rest_of
 from podguard.pods.keeper.interrupt import held
 from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus
 from podguard.pods.placement import first_fit
@@ -51,8 +52,12 @@ class Actuator:
             raise
         return None if pod.status is PodStatus.TERMINATED else pod
 
-    def _until(self, pod_id: str, done: Callable[[Pod | None], bool], again: Callable[[], None]) -> Pod | bool | None:
-        """Read `pod_id` back until `done`; `again` is sent once half-way. The pod read last (False: not confirmed)."""
+    def _until(
+        self, pod_id: str, done: Callable[[Pod | None], bool], again: Callable[[], bool], refused: bool
+    ) -> Pod | bool | None:
+        """Read `pod_id` back until `done`; the pod read last (False: not confirmed within confirm_s). `again` sends
+        the action once more (True when RunPod refused it with a 409: the pod was changing state): half-way, or at
+        the next read while the last one was refused."""
         deadline = time.monotonic() + self.confirm_s
         resend = time.monotonic() + self.confirm_s / 2
         while True:
@@ -62,66 +67,75 @@ class Actuator:
             now = time.monotonic()
             if now >= deadline:
                 return False
-            if resend and now >= resend:
+            if refused or (resend and now >= resend):
                 resend = 0.0
                 self.fence.check()
-                try:
-                    again()
-                except ApiError as exc:
-                    if exc.kind not in (ApiErrorKind.CONFLICT, ApiErrorKind.NOT_FOUND):
-                        raise
+                refused = again()
             time.sleep(max(0.0, min(self.tuning.poll_s, deadline - time.monotonic())))
+
+    def _send(self, pod_id: str, action: PodAction) -> bool:
+        """One `action` on the pod, transient failures retried; True when RunPod refused it (409: read again)."""
+        try:
+            with_retry(lambda: self.api.act(pod_id, action), self.api.policy, what=f"{action} pod {pod_id}")
+        except ApiError as exc:
+            if exc.kind is ApiErrorKind.CONFLICT:
+                return True
+            if exc.kind is not ApiErrorKind.NOT_FOUND:
+                raise
+        return False
 
     # -- the actions ---------------------------------------------------------------------------------------
     def start(self, pod: Pod) -> Pod | None:
         """Start `pod`; the pod once it reads back booting (a new start), None when it did not within confirm_s.
         ApiError NO_CAPACITY when its host has no free GPUs; NOT_FOUND when it is gone."""
-        self.fence.check()
+        rest = rest_of(self.api)
 
-        def send() -> None:
-            self._leased(lambda: self.api.act(pod.id, PodAction.START), quiet=(ApiErrorKind.CONFLICT,))
+        def attempt() -> bool:  # each try fenced and leased on its own: a try whose answer was lost may still land
+            self.fence.check()
+            try:
+                self._leased(lambda: rest.act_once(pod.id, PodAction.START))
+            except ApiError as exc:
+                if exc.kind is ApiErrorKind.CONFLICT:
+                    return True
+                raise
+            return False
 
-        send()
+        def send() -> bool:
+            return with_retry(attempt, self.api.policy, what=f"start pod {pod.id}")
+
+        refused = send()
 
         def booted(p: Pod | None) -> bool:
             if p is None:
                 raise ApiError(ApiErrorKind.NOT_FOUND, f"pod {pod.id} is gone")
             return p.status in BOOTING  # it was EXITED or ERROR: booting again is the start's doing
 
-        got = self._until(pod.id, booted, send)
+        got = self._until(pod.id, booted, send, refused)
         return got if isinstance(got, Pod) else None
 
     def stop(self, pod_id: str) -> str:
         """Stop the pod: "stopped" once it reads back EXITED, "gone" when it is gone, "" when not confirmed."""
         self.fence.check()
-
-        def send() -> None:
-            try:
-                self.api.act(pod_id, PodAction.STOP)
-            except ApiError as exc:
-                if exc.kind not in (ApiErrorKind.CONFLICT, ApiErrorKind.NOT_FOUND):
-                    raise
-
         first = self._read(pod_id)
         if first is None or first.status is PodStatus.EXITED:
             return "gone" if first is None else "stopped"
-        send()
-        got = self._until(pod_id, lambda p: p is None or p.status is PodStatus.EXITED, send)
+
+        def send() -> bool:
+            return self._send(pod_id, PodAction.STOP)
+
+        refused = send()
+        got = self._until(pod_id, lambda p: p is None or p.status is PodStatus.EXITED, send, refused)
         return "" if got is False else "gone" if got is None else "stopped"
 
     def terminate(self, pod_id: str) -> bool:
         """Terminate the pod: True once it reads back gone."""
         self.fence.check()
 
-        def send() -> None:
-            try:
-                self.api.act(pod_id, PodAction.TERMINATE)
-            except ApiError as exc:
-                if exc.kind not in (ApiErrorKind.CONFLICT, ApiErrorKind.NOT_FOUND):
-                    raise
+        def send() -> bool:
+            return self._send(pod_id, PodAction.TERMINATE)
 
-        send()
-        return self._until(pod_id, lambda p: p is None, send) is not False
+        refused = send()
+        return self._until(pod_id, lambda p: p is None, send, refused) is not False
 
     def delete_cluster(self, clusters: ClusterApi, cluster_id: str) -> bool:
         """Delete the cluster: True once it reads back gone (a cluster has no stop)."""
@@ -168,18 +182,16 @@ class Actuator:
         self.fence.check()
         return self._leased(lambda: self.api.create_pod(request))
 
-    def _leased(self, send: Callable[[], T], quiet: tuple[ApiErrorKind, ...] = ()) -> T:
-        """Send a create (start) under a lease, SIGTERM held while it is in flight: an answer ends the lease; a lost
-        one (a dropped connection, a timeout, a 5xx) leaves it, for `pod down` to wait on."""
+    def _leased(self, send: Callable[[], T]) -> T:
+        """Send ONE create (start) attempt under a lease, SIGTERM held while it is in flight: an answer ends the
+        lease; a lost one (a dropped connection, a timeout, a 5xx) leaves it, for `pod down` to wait on."""
         token = self.fence.lease(self.tuning.request_timeout_s)
         with held():
             try:
                 got = send()
             except ApiError as exc:
-                if exc.kind not in (ApiErrorKind.TRANSIENT,):  # answered: nothing of it lands later
+                if exc.kind is not ApiErrorKind.TRANSIENT:  # answered (a refusal, a 429): nothing of it lands later
                     self.fence.release(token)
-                if exc.kind in quiet:
-                    return None  # type: ignore[return-value]
                 raise
             self.fence.release(token)
             return got

@@ -11,8 +11,8 @@ node lost, a pod seen running its container that is now without a runtime and si
 pod that never got its container within `[ready] timeout_s` (a slow image pull is not a lost host), a pod that
 RunPod started with fewer GPUs than it was made with (a resumed pod may come back with none: its preflight ends
 69), a preflight that did not pass on SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A
-container that prints lines but never podguard's preflight line within `[ready] timeout_s`, or that starts more than
-CRASH_RESTARTS times again within CRASH_WINDOW_S (each preflight line not announced by an in-pod RESTART line is a
+container that prints lines but never podguard's preflight line within `[ready] timeout_s`, or that starts again
+CRASH_RESTARTS times within CRASH_WINDOW_S (each preflight line not announced by an in-pod RESTART line is a
 container start), crash-loops: the job's failure (finish: stop it). A status the keeper does not know is read
 again, never taken for ERROR. A cluster is never started, only replaced whole. Decisions taken from the status
 alone are marked `settle`: the caller first reads what is still in flight on the log stream (an END line printed
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 SICK_STARTS = 3  # a preflight that did not pass on this many starts in a row: the machine, not the job
-CRASH_RESTARTS = 5  # the container started again this many times ...
+CRASH_RESTARTS = 5  # the container started again (after its first start) this many times ...
 CRASH_WINDOW_S = 600.0  # ... within this long, without the keeper starting it: a crash loop
 
 
@@ -224,14 +224,13 @@ def decide(
         return Decision(
             Act.REPLACE, f"the preflight did not pass on {SICK_STARTS} starts in a row on {_named(sick, observed)}"
         )
-    looping = sorted(
-        r for r, n in view.nodes.items() if sum(now - t <= CRASH_WINDOW_S for t in n.boots) > CRASH_RESTARTS
-    )
+    restarts = {r: sum(now - t <= CRASH_WINDOW_S for t in n.boots) - 1 for r, n in view.nodes.items()}
+    looping = sorted(r for r, count in restarts.items() if count >= CRASH_RESTARTS)
     if looping:
         return Decision(
             Act.FINISH,
             Outcome.CRASH_LOOP.value,
-            detail=f"the container of {_named(looping, observed)} started again more than {CRASH_RESTARTS} times "
+            detail=f"the container of {_named(looping, observed)} started again {max(restarts.values())} times "
             f"within {format_duration(CRASH_WINDOW_S)} without the keeper starting it: it crash-loops",
         )
     if observed.status is PodStatus.UNKNOWN:
