@@ -31,6 +31,7 @@ FAST = {
     "PODGUARD_KEEP_LAND_S": "1",  # a create in flight lands within its answer's 5 s and 1 s more (stand-in)
 }
 PODGUARD = [sys.executable, "-m", "podguard"]
+SPAWNED: list[subprocess.Popen[str]] = []  # background processes a test started: ended when its stand-in closes
 
 
 @pytest.fixture
@@ -47,6 +48,11 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn
     try:
         yield api
     finally:
+        for proc in SPAWNED:  # a test that failed half-way leaves no keeper running into the next one
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        SPAWNED.clear()
         api.close()
 
 

@@ -150,10 +150,18 @@ def terminate_and_confirm(api: PodApi, pod: Pod, say: Say, *, confirm_s: float =
 
 
 def claim_here(
-    api: PodApi, spec: PodSpec, *, adopt: Collection[str], say: Say, poll_s: float, by: str = "pod keep"
+    api: PodApi,
+    spec: PodSpec,
+    *,
+    adopt: Collection[str],
+    say: Say,
+    poll_s: float,
+    by: str = "pod keep",
+    claiming: Callable[[str], None] = lambda keep_id: None,
 ) -> tuple[Intent, Intent | None]:
     """A laptop keep: refuse a live keeper pod, take over from a lost one, then write a new `kept` word; (that word,
-    the record before it)."""
+    the record before it). `claiming` is told the new keep's identity before the word is written (the keeper
+    notes it in its state first: killed in between, it still knows the word is its own)."""
     mine, strangers = keeper_pods(api, spec.name)
     for pod in strangers:
         say(describe_stranger(pod, spec.name))
@@ -171,6 +179,7 @@ def claim_here(
     current = store.read()
     gen = (current.gen if current is not None else 0) + 1
     word = spoken(current, Word.KEPT, by=speaker(by), at=iso_now(), keep=new_keep_id(gen), adopt=tuple(adopt))
+    claiming(word.keep)
     store.write(word)
     return word, current
 

@@ -37,11 +37,12 @@ from podguard.pods.keeper.cluster_target import ClusterTarget
 from podguard.pods.keeper.deploy import ENV_KEEPER_OF, ENV_SPEC_B64, end_own_pod, keeper_spec, spec_from_env
 from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.fence import Fence
+from podguard.pods.keeper.intent import Intent, Word
 from podguard.pods.keeper.intent_store import IntentStore
 from podguard.pods.keeper.loop import Keeper, KeepResult
 from podguard.pods.keeper.notify import Notifier, check_notify_url, is_secret_reference
 from podguard.pods.keeper.options import KNOBS, KeepOptions, check_key_secret, keep_options
-from podguard.pods.keeper.record import KeepStore
+from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.registry import Refused, register
 from podguard.pods.keeper.target import PodTarget, Target
 from podguard.pods.model import public_view
@@ -227,9 +228,8 @@ def _keep_here(
                 return ExitCode.OK
             refuse_other_kind(client, spec)
         else:
-            refuse_strangers(client, spec, adopt=request.adopt)
             refuse_other_kind(client, spec)
-            mine, previous = claim_here(client, spec, adopt=request.adopt, say=events.note, poll_s=tuning.poll_s)
+            mine, previous = _claim(client, spec, store, request, events, tuning)
         _notes(spec, events)
         fence = Fence(
             IntentStore(client, spec.name), mine, on_lease=local.lease, on_release=local.release, land_s=options.land_s
@@ -252,6 +252,31 @@ def _keep_here(
         events.close()
         store.unlock()
         local.close()
+
+
+def _claim(
+    client: PodApi, spec: PodSpec, store: KeepStore, request: KeepRequest, events: Events, tuning: Tuning
+) -> tuple[Intent, Intent | None]:
+    """A laptop keep's word: the one in the record when this state dir's keep is under way there (a keeper killed
+    and started again: no new generation, and a pod of the name without the mark that appeared meanwhile is left
+    alone); else a new keep: strangers refused, a new `kept` written (its identity noted in the state first)."""
+    saved = store.load()
+    current = IntentStore(client, spec.name).read()
+    under_way = saved is not None and not saved.done and current is not None and current.word is Word.KEPT
+    if under_way and saved is not None and current is not None and saved.owns(current.keep):
+        return current, current
+    refuse_strangers(client, spec, adopt=request.adopt)
+    state = saved if saved is not None and not saved.done else KeepState(name=spec.name, kind=_kind(spec))
+
+    def note(keep_id: str) -> None:
+        state.claiming = keep_id
+        store.save(state)
+
+    return claim_here(client, spec, adopt=request.adopt, say=events.note, poll_s=tuning.poll_s, claiming=note)
+
+
+def _kind(spec: PodSpec) -> str:
+    return "cluster" if spec.cluster is not None else "pod"
 
 
 def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:

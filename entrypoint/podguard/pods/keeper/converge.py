@@ -44,8 +44,9 @@ class Plan:
     missing: bool = False  # none of the keeper's and none unknown: made again while the intent is "kept"
 
 
-def _age(seen: Seen) -> tuple[str, str]:
-    return (seen.created_at or "~", seen.id)  # REST v2's createdAt (ISO 8601 sorts); none known: after, by id
+def _age(seen: Seen) -> tuple[bool, str, str]:
+    """Oldest first by REST v2's createdAt (ISO 8601 sorts as text); none known (GraphQL): after those, by id."""
+    return (seen.created_at is None, seen.created_at or "", seen.id)
 
 
 def pick(mine: Sequence[Seen], kept: str) -> Seen:

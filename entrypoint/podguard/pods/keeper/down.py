@@ -5,8 +5,8 @@
 A cluster member named by its id is that node (its cluster's own commands otherwise). A pod named by its id that is
 not podguard's is acted on alone: the user's hand on that pod. Otherwise the name's keep ends and is swept
 (sweep.py: the word written, every keeper ended, nothing of the name left billing), and a pod of the name that is
-not podguard's is acted on only when it is the one thing of that name (the user named it: a pod made by hand, or by
-a podguard from before the mark); beside podguard's own it is left as it is, and said.
+not podguard's is acted on only when it is the one thing of a name no keep ever claimed (the user named it: a pod
+made by hand, or by a podguard from before the mark); otherwise it is left as it is, and said.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class ByRef:
 def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -> ByRef:
     """`pod down REF` / `pod stop REF`: a pod named by its id that is not podguard's is acted on alone (the user's
     hand on that pod); otherwise the name's keep is ended and swept (end_name), and a pod of the name that is not
-    podguard's is acted on only when it is the one thing of that name (the user named it: a pod made by hand, or by
-    a podguard from before the mark), else left as it is, said."""
+    podguard's is acted on only when it is the one thing of a name no keep ever claimed (the user named it: a pod made
+    by hand, or by a podguard from before the mark), else left as it is, said."""
     action = PodAction.TERMINATE if word is Word.DOWN else PodAction.STOP
     pods = [p for p in api.list_pods() if p.status is not PodStatus.TERMINATED]
     by_id = next((p for p in pods if p.id == ref), None)
@@ -75,15 +75,16 @@ def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -
     theirs = [p for p in api.list_pods() if p.name == name and p.status is not PodStatus.TERMINATED]
     theirs = [p for p in theirs if not owned(p, name, adopted)]
     result = ByRef(name, ended=ended)
-    if theirs and not ended.owned_seen and len(theirs) == 1:
+    plain = not ended.owned_seen and not ended.kept_before  # a name podguard never kept: the user named that pod
+    if theirs and plain and len(theirs) == 1:
         result.direct = act_on(api, theirs[0], action)
-    elif len(theirs) > 1 and not ended.owned_seen:
+    elif len(theirs) > 1 and plain:
         ids = ", ".join(p.id for p in theirs)
         raise UsageError(f"{len(theirs)} pods are named {name!r} ({ids}) and none is podguard's; name one by its id")
     else:
         for pod in theirs:
             say(f"{stranger_line(pod)} is named {name} but is not podguard's (no mark): left as it is (`pod down ID`)")
-    if word is Word.DOWN and not ended.owned_seen and result.direct is None:
+    if word is Word.DOWN and plain and result.direct is None:
         others = [c for c in clusters.list_clusters() if c.name == name]
         if len(others) == 1:  # the user's own cluster, named: deleted as asked
             clusters.delete_cluster(others[0].id)

@@ -129,13 +129,14 @@ class Keeper(Reconciling):
         """The saved state is the keep the record still names (a keeper killed and started again), not one the user
         ended since (`pod down`, `pod stop`) or that another keep took over: only then is it resumed."""
         before = self.previous
-        if before is None or saved.gen == 0:
+        if before is None or not (saved.gen or saved.claiming):
             return True
-        return before.word is Word.KEPT and before.gen == saved.gen
+        return before.word is Word.KEPT and saved.owns(before.keep)
 
     def _mine(self) -> None:
         self.state.pid = os.getpid()
         self.state.gen, self.state.keep_id = self.fence.mine.gen, self.fence.mine.keep
+        self.state.claiming = ""
         self.store.save(self.state)
 
     def _restore_view(self) -> None:

@@ -76,6 +76,7 @@ class KeepState:
     preflight: dict[str, str] = field(default_factory=dict)  # rank -> the target whose preflight line came (start)
     gen: int = 0  # the generation of the user's word this keeper acts for (the keep's record)
     keep_id: str = ""  # the keep's identity (in the record, and in the mark of what it makes)
+    claiming: str = ""  # the identity of a word being written (a keeper killed in between: still its own)
     made: bool = False  # a pod (cluster) was kept before: none of the name now is a lost one, not a first create
     version: int = STATE_VERSION
     updated: str = field(default_factory=iso_now)
@@ -83,6 +84,10 @@ class KeepState:
     @property
     def done(self) -> bool:
         return self.phase == "done"
+
+    def owns(self, keep_id: str) -> bool:
+        """`keep_id` (the record's) is this state's keep, or the one it was claiming when it was killed."""
+        return bool(keep_id) and keep_id in (self.keep_id, self.claiming)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,8 +3,9 @@
     done = end_name(api, "llm-train", Word.DOWN, say=print, tuning=Tuning.from_env())
     done.changed, done.left, done.waited_s
 
-1. The word (`down`, `stopped`) goes into the keep's record (intent_store.py): every keeper of the name, here, on
-   another machine or in a keeper pod, reads it before its next action and ends.
+1. The word (`down`, `stopped`) goes into the keep's record (intent_store.py), when a keep ever claimed the name:
+   every keeper of the name, here, on another machine or in a keeper pod, reads it before its next action and ends.
+   (No record: no keeper can act on the name, and none is made: a plain `pod down` leaves no template behind.)
 2. Every keeper of the name on this machine ends, whatever its HOME (registry.py: a pid is signalled only while it
    is proven to be one); each keeper pod of the name (podguard's mark) is terminated and read back gone.
 3. A sweep: every pod and cluster of the name that is podguard's (its mark, or adopted) is terminated (`down`), or
@@ -54,7 +55,8 @@ def land_s(env: dict[str, str]) -> float:
 
 @dataclass
 class Ended:
-    intent: Intent | None = None  # the word written (None: the record could not be written)
+    intent: Intent | None = None  # the word written (None: no keep of the name ever wrote one, or it failed)
+    kept_before: bool = False  # a record of the name existed: the name is podguard's (a keep ever claimed it)
     keepers: list[str] = field(default_factory=list)  # the keepers ended, in words
     terminated: list[str] = field(default_factory=list)  # pod and cluster ids terminated (deleted)
     stopped: list[str] = field(default_factory=list)
@@ -81,13 +83,15 @@ def end_name(api: PodApi, name: str, word: Word, *, say: Say, tuning: Tuning) ->
     adopted: tuple[str, ...] = ()
     try:
         current = store.read()
-        ended.intent = spoken(current, word, by=speaker(command), at=iso_now())
-        adopted = ended.intent.adopted
-        store.write(ended.intent)
+        if current is not None:  # no record: no keep ever claimed the name, and none can act on it (nothing to tell)
+            ended.kept_before = True
+            ended.intent = spoken(current, word, by=speaker(command), at=iso_now())
+            adopted = ended.intent.adopted
+            store.write(ended.intent)
     except ApiError as exc:
         if exc.kind not in (ApiErrorKind.TRANSIENT, ApiErrorKind.RATE_LIMITED, ApiErrorKind.FORBIDDEN):
             raise
-        ended.intent = None
+        ended.intent, ended.kept_before = None, True
         say(f"warning: the keep's record could not be written ({exc.message}); keepers on this machine are ended here")
     local = end_local_keepers(name, say, wait_s=tuning.request_timeout_s + 5.0)
     ended.keepers += [f"pid {e.pid}" for e in local.ended]
