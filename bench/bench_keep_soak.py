@@ -95,6 +95,7 @@ FAULTS = ("html502", "500", "429", "drop", "lost", "slow")
 LATE = (("POST", r"^/v2/pods$"), ("POST", r"/action$"))  # what may land after its answer was lost
 BILLING = ("RUNNING", "STARTING", "PROVISIONING")
 STRANGER_IMAGE = "jupyter/scipy-notebook:2024"
+STARTUP_S = 1.5  # a keeper (re)started: its imports and its first listing, before it can converge anything
 
 
 class KeeperProc:
@@ -106,6 +107,7 @@ class KeeperProc:
         self.exits: Counter[int] = Counter()
         self.kills = 0
         self.paused = False  # after `pod down`: not started again until the check is over
+        self.started = 0.0  # time.monotonic() of the latest start
         self.refusals_end = False  # a keep refused (64: one keeper per machine, a stranger of the name) stays ended
 
     def start(self) -> None:
@@ -113,6 +115,11 @@ class KeeperProc:
         args += ["--max-recoveries", "100000"]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, env=self.env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        self.started = time.monotonic()
+
+    def watching(self, grace_s: float) -> bool:
+        """Its process runs and has been up for `grace_s` (its start-up: imports, the first listing)."""
+        return self.proc is not None and self.proc.poll() is None and time.monotonic() - self.started >= grace_s
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -160,11 +167,12 @@ def _events(state: Path) -> list[dict]:
 
 class Watch(threading.Thread):
     """Samples the pods of the name every 20 ms: duplicate episodes (two marked pods billing at once for longer
-    than twin_s), billing while `pod down`'s check runs, and any change to the stranger."""
+    than twin_s while the keeper watches: not while it is killed and starting again, when nothing can converge),
+    billing while `pod down`'s check runs, and any change to the stranger."""
 
-    def __init__(self, api: StandIn, twin_s: float) -> None:
+    def __init__(self, api: StandIn, twin_s: float, keeper: KeeperProc | None = None) -> None:
         super().__init__(daemon=True)
-        self.api, self.twin_s = api, twin_s
+        self.api, self.twin_s, self.keeper = api, twin_s, keeper
         self.halt = threading.Event()
         self.duplicates: list[tuple[str, ...]] = []
         self.longest_twin_s = 0.0
@@ -187,7 +195,7 @@ class Watch(threading.Thread):
                 self.billing_after_down.update(p.id for p in live if p.status in BILLING and p is not self.stranger)
             if self.stranger is not None and self.stranger.status != self.stranger_status:
                 self.stranger_changed = True
-            if len(billing) < 2:
+            if len(billing) < 2 or (self.keeper is not None and not self.keeper.watching(STARTUP_S)):
                 since.clear()
                 continue
             first = since.setdefault(billing, time.monotonic())
@@ -228,7 +236,7 @@ def soak(
     elsewhere = KeeperProc(spec, there, work / "elsewhere.log")  # another machine: takes over for a while
     second.paused = elsewhere.paused = True
     elsewhere.refusals_end = True
-    watch = Watch(api, twin_s)
+    watch = Watch(api, twin_s, keeper)
     done: Counter[str] = Counter()
     acted: Counter[str] = Counter()
     downs: list[float] = []
@@ -339,6 +347,7 @@ def soak(
             "soak_s": round(soak_s, 1),
             "final_exit": final,
             "duplicates": len(watch.duplicates),
+            "duplicate_pods": [list(d) for d in watch.duplicates],
             "longest_twin_s": round(watch.longest_twin_s, 2),
             "max_marked_pods": watch.max_live,
             "pods_left_billing": len(billing),

@@ -12,6 +12,7 @@ from podguard.pods.keeper.decide import (
     CRASH_RESTARTS,
     CRASH_WINDOW_S,
     Act,
+    Decision,
     JobView,
     NodeState,
     Observed,
@@ -125,8 +126,11 @@ def test_done_is_written_only_over_the_keeps_own_kept():
 
 
 def test_an_intent_reads_back_from_its_json_and_a_stranger_record_is_none():
-    said = Intent(Word.DONE, 7, "k7-aa", by="b", at="t", adopted=("p",), outcome="failed", code=3)
+    said = Intent(Word.DONE, 7, "k7-aa", by="b", at="t", adopted=("p",), outcome="failed", code=3, extra={"x": "1"})
     assert Intent.from_json(said.to_json()) == said
+    assert said.to_json()["word"] == "done" and Intent(Word.KEPT, 1).to_json() == {"word": "kept", "gen": 1}
+    assert Intent.from_json({"word": "kept", "gen": 1, "extra": None}).extra == {}
+    assert Intent.from_json({"word": "done", "gen": 2, "code": "3"}).code is None  # not a number: no exit code
     assert Intent.from_json({"word": "kept", "gen": 1}) == Intent(Word.KEPT, 1)
     assert set(Intent(Word.KEPT, 1).to_json()) == {"word", "gen"}
     for bad in (None, [], {"word": "later", "gen": 1}, {"word": "kept"}, {"word": "kept", "gen": "x"}):
@@ -305,3 +309,105 @@ def test_a_preflight_line_counts_as_a_boot_and_is_kept_across_the_view():
     assert view.node(0).announced
     view.take(0, PASS, 7.0)
     assert view.node(0).boots == [5.0] and not view.node(0).announced
+
+
+def test_only_what_can_be_compared_is_named():
+    old = parse_spec(SPEC)
+    made_env = marked_spec(old, keep="k1").env
+    heal = {**made_env, ENV_MARK: Mark(name_hash("trainer"), "heal", "", 2).text()}  # a mark with no spec hash
+    new = parse_spec({**SPEC, "gpu": {"types": ["NVIDIA A100 80GB PCIe"], "count": 4}, "image": "img:2"})
+    assert spec_changes(pod(heal), new, None) == []  # made without a spec: nothing to compare against
+    no_gpus = {**made_env, ENV_MARK: Mark(name_hash("trainer"), "k1", "x", None).text()}
+    assert "GPU count" not in " ".join(spec_changes(pod(no_gpus), new, None))  # not known what it was made with
+    cpu = parse_spec({**{k: v for k, v in SPEC.items() if k != "gpu"}, "cpu": {"id": "cpu3c", "vcpus": 2}})
+    assert not [c for c in spec_changes(pod(made_env), cpu, None) if c.startswith("GPU")]  # no GPUs asked
+    cpu_pod = Pod("p1", "trainer", R, None, 0.1, None, (), (), image="img:1", args="train", env=made_env)
+    assert not [c for c in spec_changes(cpu_pod, new, None) if c.startswith("GPU type")]  # a pod without GPUs
+    bare = Pod("p1", "trainer", R, GpuInfo("NVIDIA A40", 2), 0.9, None, (), (), args="train", env=made_env)
+    assert spec_changes(bare, parse_spec({**SPEC, "env": {"A": "2"}}), None) == ["env A"]  # image, disk, ports unknown
+    cluster = parse_spec({**SPEC, "cluster": {"nodes": 4}})
+    assert not [c for c in spec_changes(pod(made_env), cluster, None) if c.startswith("nodes")]  # count not known
+    assert not [c for c in spec_changes(pod(made_env), cluster, 4) if c.startswith("nodes")]  # the same count
+    assert not [c for c in spec_changes(pod(made_env), new, 2) if c.startswith("nodes")]  # a pod spec: no nodes
+
+
+def test_env_changes_are_named_sorted_by_name():
+    old = parse_spec({**SPEC, "env": {"B": "1", "A": "1"}})
+    made = pod(marked_spec(old, keep="k1").env)
+    assert spec_changes(made, parse_spec({**SPEC, "env": {"B": "2", "A": "2"}}), None) == ["env A, B"]
+
+
+# -- decide: the edges of each rule -------------------------------------------------------------------------------
+def test_the_names_of_acts_and_outcomes_as_events_and_records_spell_them():
+    assert [a.value for a in Act] == ["wait", "start", "replace", "finish"]
+    assert [o.value for o in Outcome] == ["success", "guard", "failed", "crash-loop"]
+    assert (JobView().code, JobView().detail, JobView().outcome) == (0, "", None)
+    assert Decision(Act.WAIT).detail == "" and Decision(Act.WAIT).reason == ""
+
+
+def test_the_crash_window_counts_five_restarts_within_ten_minutes_to_the_second():
+    view = JobView()
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0):  # a start and five restarts
+        view.take(0, PASS, t)
+    assert decide(BOOTING, view, now=600.0, quiet_since={}, silence_s=900).act is Act.FINISH  # the first: 600 s ago
+    assert decide(BOOTING, view, now=600.5, quiet_since={}, silence_s=900).act is Act.WAIT  # now outside: 4 restarts
+    four = JobView()
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0):
+        four.take(0, PASS, t)
+    assert decide(BOOTING, four, now=5.0, quiet_since={}, silence_s=900).act is Act.WAIT
+    untimed = JobView()
+    untimed.take(0, PASS)
+    assert untimed.node(0).boots == [0.0]
+
+
+def test_a_recovery_forgets_the_old_jobs_end():
+    view = JobView()
+    view.take(0, read_line("podguard train: END failed exit 3 after 1 attempt(s)"))
+    assert (view.outcome, view.code) == (Outcome.FAILED, 3) and view.detail
+    view.after_recovery(replaced=False)
+    assert (view.outcome, view.code, view.detail) == (None, 0, "")
+
+
+def test_an_unknown_status_is_read_again_in_those_words():
+    unknown = Observed(U, {0: NodeState(U, None)})
+    assert decide(unknown, JobView(), now=0.0, quiet_since={}, silence_s=900).reason == (
+        "its status is not one the keeper knows: read again"
+    )
+
+
+def test_a_node_in_an_unknown_state_is_never_a_lost_host_a_crash_loop_or_a_late_start():
+    quiet = Observed(R, {0: NodeState(R, True), 1: NodeState(U, False)}, cluster=True)
+    view = JobView()
+    view.node(1).ran = view.node(1).lines = True
+    decided = decide(quiet, view, now=5000.0, quiet_since={1: 0.0}, silence_s=900, booting_since=0.0, ready_s=30)
+    assert decided.act is Act.WAIT  # unknown: read again
+    late = decide(quiet, JobView(), now=5000.0, quiet_since={}, silence_s=900, booting_since=0.0, ready_s=30)
+    assert late.act is Act.WAIT
+    failed = JobView()
+    failed.take(0, read_line("podguard train: END failed exit 1 after 1 attempt(s)"))
+    assert decide(quiet, failed, now=0.0, quiet_since={}, silence_s=900).act is Act.FINISH  # not a lost peer
+
+
+def test_a_node_whose_preflight_came_did_start():
+    view = JobView()
+    view.node(0).preflight = True
+    booting = Observed(R, {0: NodeState(R, False)})
+    assert decide(booting, view, now=40.0, quiet_since={}, silence_s=900, booting_since=0.0, ready_s=30).act is (
+        Act.WAIT
+    )
+
+
+def test_a_pods_own_failure_is_never_a_lost_peer():
+    view = JobView()
+    view.outcome, view.code = Outcome.FAILED, 2  # (as if no node had said END: only a cluster has peers)
+    gone = Observed(E, {0: NodeState(E)})
+    assert decide(gone, view, now=0.0, quiet_since={}, silence_s=900) == Decision(Act.FINISH, "failed")
+
+
+def test_lost_peers_are_named_in_rank_order():
+    nodes = {r: NodeState(R, True) for r in range(9)}
+    nodes[8], nodes[1] = NodeState(E), NodeState(E)
+    view = JobView()
+    view.take(0, read_line("podguard train: END failed exit 1 after 1 attempt(s)"))
+    decision = decide(Observed(R, nodes, cluster=True), view, now=0.0, quiet_since={}, silence_s=900)
+    assert decision.act is Act.REPLACE and "while node1, node8 was lost" in decision.reason

@@ -112,8 +112,7 @@ class JobView:
         if cue.kind is CueKind.GUARD:
             self.guard_seen = True
             return f"billing guard {cue.word} fired in the pod"
-        assert cue.kind is CueKind.END and cue.code is not None
-        return self._end(rank, node, cue.word, cue.code, cue.line)
+        return self._end(rank, node, cue.word, cue.code or 0, cue.line)  # an END line (lines.py gives it a code)
 
     def _end(self, rank: int, node: NodeView, kind: str, code: int, line: str) -> str | None:
         self.ended.add(rank)
@@ -122,7 +121,6 @@ class JobView:
         if kind == "signal":
             return f"the job was ended from outside (exit {code}): not an outcome"
         if kind == "guard":
-            self.guard_seen = True
             self._set(Outcome.GUARD, ExitCode.BILLING_GUARD, line)
             return "END guard: a billing guard ended the job"
         if kind == "gpu-fault":

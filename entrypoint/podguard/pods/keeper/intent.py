@@ -46,7 +46,7 @@ class Intent:
         data = asdict(self)
         data["word"] = str(self.word)
         data["adopted"] = list(self.adopted)
-        return {k: v for k, v in data.items() if v not in ("", None, [], {}) or k in ("word", "gen")}
+        return {k: v for k, v in data.items() if v not in ("", None, [], {})}  # (word and gen are never empty)
 
     @classmethod
     def from_json(cls, data: Any) -> Intent | None:
