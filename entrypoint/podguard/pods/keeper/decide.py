@@ -5,7 +5,7 @@
     decision = decide(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED, None)}), view, now=..., ...)
     decision.act, decision.reason                           # Act.START, "EXITED without an outcome"
 
-The contract (PRODUCT.md, "Keeping a job alive from outside"): an outcome in the lines is respected (success,
+The rules (docs/running-pods.md, "What it does"): an outcome in the lines is respected (success,
 a billing guard, the job's own failure); otherwise what broke is recovered: EXITED -> start; ERROR, gone, a
 node lost, a pod seen running its container that is now without a runtime and silent for the silence window, a
 pod that never got its container within `[ready] timeout_s` (a slow image pull is not a lost host), a pod that
