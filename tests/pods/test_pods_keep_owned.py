@@ -248,3 +248,19 @@ def test_with_a_store_a_lost_pod_is_replaced_in_any_allowed_data_centre(standin,
     assert "comes back from checkpoint-40 (step 40)" in recovery["text"]
     say_end(world, new, "success", 0)
     assert finish(proc)[0] == 0 and not billing(world)
+
+
+def test_a_lost_spot_pod_with_a_store_comes_back_on_a_new_spot_pod(standin, tmp_path):  # noqa: F811
+    world = standin.world
+    spot = STORE.replace("[gpu]", "interruptible = true\nbid_per_gpu = 0.3\n[gpu]")
+    spec = write_spec(tmp_path / "spot.toml", spot)
+    proc = keep(spec)
+    passes(tmp_path)
+    old = live_pod(world)
+    assert old.interruptible and old.env["PODGUARD_MARK"].startswith("podguard/1 ")  # made through GraphQL, marked
+    world.set_error(old.id)  # the spot pod is lost (outbid, its host reclaimed)
+    passes(tmp_path, 2)
+    (new,) = live_pods(world)
+    assert new.id != old.id and new.interruptible and old.status == "TERMINATED"
+    say_end(world, new, "success", 0)
+    assert finish(proc)[0] == 0 and not billing(world)
