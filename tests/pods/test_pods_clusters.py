@@ -430,6 +430,35 @@ def test_the_standin_answers_get_pods_as_the_spec_does(standin):  # noqa: F811
         assert refused.value.code == 422
 
 
+def test_the_standin_returns_env_on_every_pod_object_as_the_openapi_requires(standin):  # noqa: F811
+    """REST v2's Pod has `env` among its required fields (runpod/docs api-reference-v2/openapi.json): on a GET, in
+    `GET /v2/pods`, and for cluster members (`GET /v2/clusters/{id}/pods`, `includeClusterPods=true`). podguard's
+    mark is read from it."""
+    world = standin.world
+    env = {"PODGUARD_MARK": "podguard/1 name=x keep=up spec=- gpus=1", "A": "1"}
+    pod = world.create({"name": "a", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}, "env": env})
+    cluster = world.create_cluster(
+        {
+            "name": "ring",
+            "type": "TRAINING",
+            "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 1, "podCount": 2},
+            "image": "img:1",
+            "env": env,
+        }
+    )
+    headers = {"Authorization": f"Bearer {standin.key}"}
+
+    def get(path: str):
+        with urlopen(Request(f"{standin.url}{path}", headers=headers), timeout=10) as answer:
+            return json.load(answer)
+
+    assert get(f"/v2/pods/{pod.id}")["env"] == env
+    assert [p["env"] for p in get("/v2/pods")["pods"]] == [env]  # members hidden without includeClusterPods
+    assert [p["env"] for p in get("/v2/pods?includeClusterPods=true")["pods"]] == [env, env, env]
+    assert [p["env"] for p in get(f"/v2/clusters/{cluster.id}/pods")["pods"]] == [env, env]
+    assert "env" not in get(f"/v2/clusters/{cluster.id}")  # the Cluster object has none: the mark is on its members
+
+
 def test_a_create_body_over_100_kb_is_64_naming_the_env_size(standin, tmp_path):  # noqa: F811
     big = "x" * 120_000
     pod_spec = write_spec(tmp_path / "pod.toml", A40_SPEC.replace('WANDB_PROJECT = "demo"', f'BLOB = "{big}"'))
