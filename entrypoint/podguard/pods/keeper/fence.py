@@ -23,7 +23,7 @@ from podguard.pods.keeper.record import iso_now
 
 __all__ = ["LAND_S", "Fence", "Superseded"]
 
-LAND_S = 60.0  # after its answer's deadline, how long a create (start) RunPod took in may still land
+LAND_S = 30.0  # after its answer's deadline, how long a create (start) RunPod took in may still land
 
 
 class Superseded(PodguardError):

@@ -35,7 +35,7 @@ class KeepOptions:
     park_s: float = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before exiting
     notify_s: float = 5.0  # the deadline of one `--notify` message, all its tries together
     confirm_s: float = 60.0  # an action counts once the pod reads back so: read again for up to this long
-    land_s: float = 60.0  # after its answer's deadline, how long a create (start) may still land (`pod down` waits)
+    land_s: float = 30.0  # after its answer's deadline, how long a create (start) may still land (`pod down` waits)
 
 
 KNOBS = {
