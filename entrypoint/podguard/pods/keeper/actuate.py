@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from podguard.pods.api import PodApi
+from podguard.pods.clusters.model import Cluster, ClusterRequest
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.fence import Fence
@@ -196,10 +197,16 @@ class Actuator:
             self.fence.release(token)
             return got
 
-    def create_cluster(self, clusters: ClusterApi, candidates: Sequence, named: Callable, say: Say):  # type: ignore[no-untyped-def,type-arg]
+    def create_cluster(
+        self,
+        clusters: ClusterApi,
+        candidates: Sequence[ClusterRequest],
+        named: Callable[[str], list[Cluster]],
+        say: Say,
+    ) -> Cluster:
         """As `create`, for a cluster (every node at once)."""
 
-        def once(request):  # type: ignore[no-untyped-def]
+        def once(request: ClusterRequest) -> Cluster:
             self.fence.check()
             return self._leased(lambda: clusters.create_cluster(request))
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.placement import clusters_named
-from podguard.pods.clusters.rest import cluster_api
+from podguard.pods.clusters.rest import ClusterApi, cluster_api
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.deploy import (
     ENV_KEEP_GEN,
@@ -78,33 +78,34 @@ def speaker(command: str) -> str:
 def refuse_strangers(api: PodApi, spec: PodSpec, *, adopt: Collection[str] = (), command: str = "pod keep") -> None:
     """64 when a pod (cluster) of the name exists without podguard's mark and was not handed over with --adopt;
     64 when --adopt names an id that is not a pod (cluster) of the name."""
+    found: list[tuple[str, str]]  # (id, how a refusal names it)
     if spec.cluster is not None:
-        found: list[object] = list(clusters_named(cluster_api(api), spec.name))
         clusters = cluster_api(api)
+        named = clusters_named(clusters, spec.name)
+        found = [(c.id, f"cluster {c.id} ({c.summary()})") for c in named]
         theirs = [
-            c
-            for c in found
-            if getattr(c, "id", "") not in adopt and not _cluster_owned(clusters, getattr(c, "id", ""), spec.name)
+            (c.id, f"cluster {c.id} ({c.summary()})") for c in named if not _cluster_owned(clusters, c.id, spec.name)
         ]
     else:
-        found = [p for p in api.list_pods() if p.name == spec.name and p.status is not PodStatus.TERMINATED]
-        theirs = [p for p in found if isinstance(p, Pod) and not owned(p, spec.name, adopt)]
-    ids = {getattr(x, "id", "") for x in found}
+        pods = [p for p in api.list_pods() if p.name == spec.name and p.status is not PodStatus.TERMINATED]
+        found = [(p.id, stranger_line(p)) for p in pods]
+        theirs = [(p.id, stranger_line(p)) for p in pods if not owned(p, spec.name)]
+    ids = {i for i, _ in found}
     for wanted in adopt:
         if wanted not in ids:
             raise UsageError(f"--adopt {wanted}: no pod or cluster named {spec.name!r} has that id (see `pod list`)")
+    theirs = [(i, line) for i, line in theirs if i not in adopt]
     if theirs:
-        first = theirs[0]
+        first, line = theirs[0]
         raise UsageError(
-            f"{stranger_line(first)} is named {spec.name!r} but was not made by podguard (it has no podguard mark): "
-            f"`{command}` will not touch it. Give the spec another name, remove it (`podguard pod down "
-            f"{getattr(first, 'id', '?')}`), or hand it over: `podguard {command} --spec FILE --adopt "
-            f"{getattr(first, 'id', '?')}` (also the way in for a pod an earlier podguard made)"
+            f"{line} is named {spec.name!r} but was not made by podguard (it has no podguard mark): `{command}` will "
+            f"not touch it. Give the spec another name, remove it (`podguard pod down {first}`), or hand it over: "
+            f"`podguard {command} --spec FILE --adopt {first}` (also the way in for a pod an earlier podguard made)"
         )
 
 
-def _cluster_owned(clusters: object, cluster_id: str, name: str) -> bool:
-    members = clusters.members(cluster_id)  # type: ignore[attr-defined]
+def _cluster_owned(clusters: ClusterApi, cluster_id: str, name: str) -> bool:
+    members = clusters.members(cluster_id)
     return bool(members) and all(owned(m.pod, name) for m in members)
 
 
