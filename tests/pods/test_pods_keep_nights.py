@@ -148,6 +148,15 @@ def test_a_state_write_that_fails_is_a_warning_and_the_end_still_stops(standin, 
     assert live_pod(standin.world).status == "EXITED"
 
 
+def test_a_registry_that_cannot_be_written_is_a_warning_not_the_end(standin, spec, tmp_path):  # noqa: F811
+    (tmp_path / "not-a-folder").write_text("")
+    proc = keep(spec, env={"PODGUARD_KEEPERS_DIR": str(tmp_path / "not-a-folder")})
+    passes(tmp_path)
+    say_end(standin.world, live_pod(standin.world), "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0 and "the keepers' registry cannot be used" in err and "Traceback" not in err, err
+
+
 def test_an_unexpected_exception_in_a_keeper_pod_stops_its_own_pod(standin, spec, tmp_path):  # noqa: F811
     deployed = pg(["pod", "keep", "--spec", str(spec), "--deploy", "--json"])
     assert deployed.returncode == 0, deployed.stderr

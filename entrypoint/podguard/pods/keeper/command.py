@@ -43,7 +43,7 @@ from podguard.pods.keeper.loop import Keeper, KeepResult
 from podguard.pods.keeper.notify import Notifier, check_notify_url, is_secret_reference
 from podguard.pods.keeper.options import KNOBS, KeepOptions, check_key_secret, keep_options
 from podguard.pods.keeper.record import KeepState, KeepStore
-from podguard.pods.keeper.registry import Refused, register
+from podguard.pods.keeper.registry import Refused, Unregistered, register
 from podguard.pods.keeper.target import PodTarget, Target
 from podguard.pods.model import public_view
 from podguard.pods.spec import PodSpec, load_spec
@@ -210,6 +210,11 @@ def _keep_here(
     local = register(spec.name, poll_s=options.poll_s, state_dir=str(os.environ.get("PODGUARD_STATE_DIR", "")))
     if isinstance(local, Refused):
         raise _refused(spec.name, local)
+    if isinstance(local, Unregistered):
+        _say(
+            f"warning: the keepers' registry cannot be used ({local.why}): `pod down` on this machine reaches this "
+            "keeper through the keep's record only (before its next action), and cannot wait for a create in flight"
+        )
     store = KeepStore.open(spec.name, warn=_say)
     if not store.lock():
         local.close()

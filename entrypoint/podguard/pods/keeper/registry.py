@@ -37,6 +37,7 @@ __all__ = [
     "LocalEnd",
     "Refused",
     "Registration",
+    "Unregistered",
     "end_local_keepers",
     "entries",
     "register",
@@ -139,8 +140,34 @@ class Registration:
         self._fd = -1
 
 
+class Unregistered(Registration):
+    """The registry cannot be used here (a read-only or foreign /tmp): no entry, no lease; `pod down` on this
+    machine reaches this keeper through the keep's record alone."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(Path(), -1, {})
+        self.why = why
+
+    def lease(self, until: float) -> int:
+        return 0
+
+    def release(self, token: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 def register(name: str, *, poll_s: float, state_dir: str = "") -> Registration | Refused:
-    """Enter this process as the keeper of `name`, or Refused when a live one runs on this machine already."""
+    """Enter this process as the keeper of `name`, or Refused when a live one runs on this machine already; an
+    Unregistered one when the registry cannot be written (said by the caller, never the end of a keeper)."""
+    try:
+        return _register(name, poll_s=poll_s, state_dir=state_dir)
+    except OSError as exc:
+        return Unregistered(f"{_base()}: {exc.strerror or exc}")
+
+
+def _register(name: str, *, poll_s: float, state_dir: str) -> Registration | Refused:
     own = _own_dir()
     with _admission(_base()):
         for entry in entries(name):
