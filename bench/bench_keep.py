@@ -180,6 +180,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--steady-poll", type=float, default=1.0, help="--poll while counting requests")
+    parser.add_argument("--requests-only", action="store_true", help="skip the recovery runs (1.)")
     args = parser.parse_args()
     compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="podguard-bench-keep-") as tmp:
@@ -190,7 +191,7 @@ def main() -> int:
         )
         header = ("event", "--poll", "runs", "total med", "boot", "keeper med", "keeper max")
         print("{:<8} {:>6} {:>4} {:>10} {:>6} {:>11} {:>11}".format(*header))
-        for poll in (float(p) for p in args.polls.split(",")):
+        for poll in () if args.requests_only else (float(p) for p in args.polls.split(",")):
             for event in ("EXITED", "ERROR"):
                 totals, added = [], []
                 boot = 0.0
