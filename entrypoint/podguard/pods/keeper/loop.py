@@ -127,11 +127,12 @@ class Keeper(Reconciling):
 
     def _same_keep(self, saved: KeepState) -> bool:
         """The saved state is the keep the record still names (a keeper killed and started again), not one the user
-        ended since (`pod down`, `pod stop`) or that another keep took over: only then is it resumed."""
+        ended since (`pod down`, `pod stop`), one another keep took over, or a state only a claim wrote: only then is
+        it resumed."""
+        if not saved.gen:
+            return False  # nothing of a keep yet: the claim noted its word's identity, no more
         before = self.previous
-        if before is None or not (saved.gen or saved.claiming):
-            return True
-        return before.word is Word.KEPT and saved.owns(before.keep)
+        return before is None or (before.word is Word.KEPT and saved.owns(before.keep))
 
     def _mine(self) -> None:
         self.state.pid = os.getpid()
