@@ -22,4 +22,4 @@ def test_a_short_seeded_soak_keeps_every_invariant(tmp_path):
     result = soak(seed=29, events=45, max_s=120, twin_s=3 * POLL_S, work=tmp_path, after_down_s=3.0, must=MUST)
     shown = json.dumps(result, indent=2)
     assert invariants_hold(result), shown
-    assert result["downs"] == 1 and result["by_kind"]["late"] >= 1 and result["keeper_kills"] >= 1, shown
+    assert result["downs"] >= 1 and result["by_kind"]["late"] >= 1 and result["keeper_kills"] >= 1, shown
