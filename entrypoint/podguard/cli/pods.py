@@ -101,7 +101,6 @@ def up(
     adopt: Adopt = None,
 ) -> None:
     """Create the spec's pod (idempotent by name), then wait until it runs and its preflight passed."""
-    from podguard.pods.keeper.claim import refuse_other_kind
     from podguard.pods.up import pod_up
 
     spec = _load_spec(spec_file)  # every check before the first request
@@ -112,7 +111,6 @@ def up(
     timeout_s = spec.ready_timeout_s if timeout is None else timeout
     if spec.interruptible:
         progress.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
-    refuse_other_kind(client, spec)
     if spec.cluster is not None:
         from podguard.pods.clusters import commands
 
@@ -262,7 +260,7 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     wanted = PodAction(action)
     client = api_client(api, retry_for)
     if wanted in (PodAction.TERMINATE, PodAction.STOP):  # the user's word: written, keepers ended, swept
-        from podguard.pods.keeper.down import down_or_stop
+        from podguard.pods.keeper.down import down_or_stop  # lazy: the CLI loads a command's modules when it runs
 
         down_or_stop(client, ref, wanted, as_json=as_json, say=_say, emit=emit)
         return

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from podguard.errors import UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
+from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.mark import marked_spec, owned, stranger_line
 from podguard.pods.model import Pod, PodAction, PodStatus
 from podguard.pods.placement import create_first_fit, pods_named
@@ -44,6 +45,7 @@ def pod_up(
     progress: Progress,
     adopt: tuple[str, ...] = (),
 ) -> UpResult:
+    refuse_other_kind(api, spec)
     named = with_retry(lambda: pods_named(api, spec.name), api.policy, what=f"look up pod {spec.name}")
     for wanted in adopt:
         if wanted not in {p.id for p in named}:

@@ -17,6 +17,7 @@ from podguard.pods.clusters.model import Cluster
 from podguard.pods.clusters.placement import clusters_named, create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.mark import marked_spec, owned
 from podguard.pods.progress import Progress
 from podguard.pods.retry import with_retry
@@ -67,6 +68,7 @@ def cluster_up(
             f"(all {spec.cluster.nodes} nodes; member pods cannot be stopped and a cluster has no stop; network "
             "volumes stay), and --max-cost counts every node's spend"
         )
+    refuse_other_kind(api.pods, spec)
     existing = with_retry(lambda: clusters_named(api, spec.name), api.policy, what=f"look up cluster {spec.name}")
     for wanted in adopt:
         if wanted not in {c.id for c in existing}:

@@ -1,7 +1,6 @@
 """Before a keep begins: may it, and for which word? The checks and the claim of `pod keep` (and `--deploy`).
 
     refuse_strangers(api, spec, adopt=())          # 64 naming a pod (cluster) of the name without podguard's mark
-    refuse_other_kind(api, spec)                   # 64 when the spec makes a pod and a cluster of the name exists
     mine = claim_here(api, spec, adopt=(), say=print)         # a laptop keep: a new `kept` word in the record
     mine = claim_inside(api, spec, env)            # a keeper pod: the word it was deployed for, or KeepOver
     pod, action = deploy(api, spec, make_keeper, adopt=(), say=print)
@@ -49,7 +48,6 @@ __all__ = [
     "claim_here",
     "claim_inside",
     "deploy",
-    "refuse_other_kind",
     "refuse_strangers",
     "speaker",
     "terminate_and_confirm",
@@ -107,25 +105,6 @@ def refuse_strangers(api: PodApi, spec: PodSpec, *, adopt: Collection[str] = (),
 def _cluster_owned(clusters: ClusterApi, cluster_id: str, name: str) -> bool:
     members = clusters.members(cluster_id)
     return bool(members) and all(owned(m.pod, name) for m in members)
-
-
-def refuse_other_kind(api: PodApi, spec: PodSpec) -> None:
-    """64 when the spec makes a pod and a cluster of the name exists (or the other way round): a kind change
-    would leave the other one billing beside it."""
-    if spec.cluster is None:
-        clusters = cluster_api(api)
-        for c in clusters_named(clusters, spec.name):
-            raise UsageError(
-                f"the spec makes a pod, but cluster {spec.name} ({c.id}, {c.summary()}) exists: a pod beside it would "
-                f"leave it billing; `podguard pod down {c.id}` first, or keep it with its cluster spec"
-            )
-        return
-    for p in api.list_pods():
-        if p.name == spec.name and p.status is not PodStatus.TERMINATED and owned(p, spec.name):
-            raise UsageError(
-                f"the spec makes a cluster, but pod {spec.name} ({p.id}, {p.status}) exists: a cluster beside it would "
-                f"leave it billing; `podguard pod down {p.id}` first, or keep it with its pod spec"
-            )
 
 
 def terminate_and_confirm(api: PodApi, pod: Pod, say: Say, *, confirm_s: float = 60.0, poll_s: float = 1.0) -> bool:

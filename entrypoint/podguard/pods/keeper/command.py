@@ -32,7 +32,7 @@ from podguard.pods.api import PodApi
 from podguard.pods.auth import load_api_key
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.keeper.actuate import Actuator
-from podguard.pods.keeper.claim import KeepOver, claim_here, claim_inside, deploy, refuse_other_kind, refuse_strangers
+from podguard.pods.keeper.claim import KeepOver, claim_here, claim_inside, deploy, refuse_strangers
 from podguard.pods.keeper.cluster_target import ClusterTarget
 from podguard.pods.keeper.deploy import ENV_KEEPER_OF, ENV_SPEC_B64, end_own_pod, keeper_spec, spec_from_env
 from podguard.pods.keeper.events import Events
@@ -45,6 +45,7 @@ from podguard.pods.keeper.options import KNOBS, KeepOptions, check_key_secret, k
 from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.registry import Refused, Unregistered, register
 from podguard.pods.keeper.target import PodTarget, Target
+from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.model import public_view
 from podguard.pods.spec import PodSpec, load_spec
 from podguard.pods.tuning import Tuning
