@@ -66,7 +66,7 @@ path = "/workspace"
 [ready]
 timeout_s = 20
 """
-POLL_S = 0.25
+POLL_S = 0.5  # --poll: requests take milliseconds against it, as on RunPod against 30 s
 KNOBS = {
     "PODGUARD_KEEP_LAND_S": "2.5",  # a late create lands within 2 s of its lost answer here
     "PODGUARD_KEEP_CONFIRM_S": "3",
@@ -311,9 +311,9 @@ def soak(
                     elsewhere.paused = True
                     elsewhere.stop()
                     elsewhere.check()
-                said = time.time()
-                downs.append(_down(api, keeper, watch, env, work, after_down_s))
-                wait_until(lambda t0=said: _passed_since(state, t0), 60, "the new keep's PASS")  # (no stranger yet)
+                took, restarted = _down(api, keeper, watch, env, work, after_down_s)
+                downs.append(took)
+                wait_until(lambda t0=restarted: _passed_since(state, t0), 60, "the new keep's PASS")  # no stranger yet
                 _plant_stranger(api, watch)
             elif pod is not None:
                 api.world.emit(pod.id, f"step {rng.randint(1, 10**6)} loss {rng.random():.4f}")
@@ -395,9 +395,11 @@ def _retire_stranger(api: StandIn, watch: Watch) -> None:
         _quiet(api.world.vanish, pod.id)
 
 
-def _down(api: StandIn, keeper: KeeperProc, watch: Watch, env: dict[str, str], work: Path, after_s: float) -> float:
-    """`pod down` at a random moment: the time from the command to nothing of the name billing (after it returned,
-    nothing may bill for `after_s`); then the keep is started again (a new keep)."""
+def _down(
+    api: StandIn, keeper: KeeperProc, watch: Watch, env: dict[str, str], work: Path, after_s: float
+) -> tuple[float, float]:
+    """`pod down` at a random moment: (the time from the command to nothing of the name billing, when the keep was
+    started again: a new keep). After it returned, nothing may bill for `after_s`."""
     keeper.paused = True
     began = time.monotonic()
     with (work / "down.log").open("ab") as out:
@@ -412,8 +414,9 @@ def _down(api: StandIn, keeper: KeeperProc, watch: Watch, env: dict[str, str], w
     _retire_stranger(api, watch)  # a new keep refuses a stranger of the name (64): its owner ends it first
     keeper.check()  # (it ended: SIGTERM) counted, then started again: a new keep of the name
     keeper.paused = False
+    restarted = time.time()
     keeper.check()
-    return nothing_billing
+    return nothing_billing, restarted
 
 
 def _settled(api: StandIn, state: Path, since: float) -> str | None:
