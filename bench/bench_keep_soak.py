@@ -2,28 +2,30 @@
 
 A real keeper process (`podguard pod keep`, fast knobs) keeps one pod while a seeded random driver, for a few
 hundred events (bounded in time), does what real nights do:
-- faults on every request kind the keeper sends: the listing (its one status request a poll), a pod's read-back,
-  the create, the actions (start, stop), the terminate (a DELETE), the log stream, the keep's record (a template);
-  as an HTML 502, a 500, a 429, a dropped connection, a "lost" answer (done, then the connection dropped), a slow
-  answer (0.2 s: 40 % of the soak's 0.5 s poll, as a slow RunPod answer is a sliver of a 30 s one), and a "late" one (the connection dropped at once, the create or start landing 0.3 to 2 s later); 1 to 4
-  in a row (some outlast --retry-for);
-- what RunPod does to the pod: a stop for maintenance (END signal, then EXITED), ERROR, a vanished pod, a lost
-  host (RUNNING, no runtime, silent), a preflight that fails, a resume with zero GPUs, a status the spec does not
-  list (RESTARTING) or none at all, for a moment;
+- faults on every request kind the keeper sends: the listing (its one status request a poll), a pod's read-back, the
+  create, the actions (start, stop), the terminate (a DELETE), the log stream, the keep's record (a template); as an
+  HTML 502, a 500, a 429, a dropped connection, a "lost" answer (done, then the connection dropped), a slow answer
+  (0.2 s: 40 % of the soak's 0.5 s poll, as a slow RunPod answer is a sliver of a 30 s one), and a "late" one (the
+  connection dropped at once, the create or start landing 0.3 to 2 s later); 1 to 4 in a row (some outlast
+  --retry-for);
+- what RunPod does to the pod: a stop for maintenance (END signal, then EXITED), ERROR, a vanished pod, a lost host
+  (RUNNING, no runtime, silent), a preflight that fails, a resume with zero GPUs, a status the spec does not list
+  (RESTARTING) or none at all, for a moment;
 - SIGKILL of the keeper at random points, started again after a moment (as RunPod restarts a keeper pod);
 - other actors: `pod heal --replace` from another machine (an identical pod of the name, podguard's mark copied,
-  then the old one terminated), a second `pod keep` on this machine under another HOME and state dir (refused:
-  one keeper of a name per machine), a keep from another machine that takes over for a while (the first one
-  yields at its next action, and takes over again when started again), and `pod down` at a random moment (the
-  keeper is started again only after the check below: a new keep);
+  then the old one terminated), a second `pod keep` on this machine under another HOME and state dir (refused: one
+  keeper of a name per machine), a keep from another machine (a new keep: refused while the stranger below is
+  there; otherwise it takes over, and the first keeper yields at its next action), and `pod down` at a random
+  moment (the keeper is started again only after the check below: a new keep, once the stranger's owner took it
+  away; a new stranger is planted once that keep runs);
 - a stranger: a pod of the name without podguard's mark (someone's notebook), planted once the keep runs.
 At the end the faults stop, the job prints `END success`, and the keeper must stop the pod and exit 0.
 
 Invariants, each a figure: duplicates (two marked pods of the name billing, RUNNING/STARTING/PROVISIONING, at the
-same time for longer than 3 polls while a keeper watches: not while it is killed and starting again), pods left billing (after the keeper ended), billing after `pod down` (a pod of
-the name billing at any moment from `pod down`'s return to --after-down-s later), and the stranger touched (any
-action, terminate or change of its status). Also: keeper exits other than the final one (each restarted, as RunPod
-would), the requests made.
+same time for longer than 3 polls while a keeper watches: not while it is killed and starting again), pods left
+billing (after the keeper ended), billing after `pod down` (a pod of the name billing at any moment from `pod
+down`'s return to --after-down-s later), and the stranger touched (any action, terminate or change of its status).
+Also: keeper exits other than the final one (each restarted, as RunPod would), the requests made.
 
 Run: `python bench/bench_keep_soak.py [--seed 7] [--events 300] [--max-s 420] [--after-down-s 20]`
 """
