@@ -117,6 +117,20 @@ def test_a_create_that_lands_late_is_terminated_at_the_next_poll(standin, spec, 
     assert not billing(world)
 
 
+def test_a_keep_that_ends_with_a_create_in_flight_waits_for_it_and_terminates_it(standin, spec, tmp_path):  # noqa: F811
+    world = standin.world
+    proc = keep(spec)
+    passes(tmp_path)
+    standin.fault("POST", r"^/v2/pods$", "late", delay=3.5)  # the replacement's first answer is lost; it lands late
+    world.set_error(live_pod(world).id)
+    passes(tmp_path, 2)  # the keeper made another (nothing of the name was there), which runs the job
+    new = next(p for p in live_pods(world) if p.status == "RUNNING")
+    say_end(world, new, "success", 0)  # the job ends before the lost create lands
+    code, _, err = finish(proc)
+    assert code == 0 and standin.landed, err  # it waited for its own create to land, and took it down
+    assert not billing(world), err
+
+
 def test_a_keeper_killed_with_a_late_create_in_flight_leaves_one_pod(standin, spec, tmp_path):  # noqa: F811
     world = standin.world
     standin.fault("POST", r"^/v2/pods$", "late", delay=2.0)

@@ -238,7 +238,12 @@ def _keep_here(
             mine, previous = _claim(client, spec, store, request, events, tuning)
         _notes(spec, events)
         fence = Fence(
-            IntentStore(client, spec.name), mine, on_lease=local.lease, on_release=local.release, land_s=options.land_s
+            IntentStore(client, spec.name),
+            mine,
+            on_lease=local.lease,
+            on_release=local.release,
+            pending=local.pending,
+            land_s=options.land_s,
         )
         hands = Actuator(client, fence, tuning, confirm_s=options.confirm_s)
         target = _target(client, spec, options, tuning, keep_id=mine.keep)

@@ -14,18 +14,19 @@ word of the user (`pod down`, `pod stop`, a newer keep) ends the keeper at once,
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from podguard.errors import ExitCode
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.keeper.actuate import Actuator
+from podguard.pods.keeper.actuate import BOOTING, Actuator
 from podguard.pods.keeper.decide import JobView, Outcome
 from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.fence import Fence, Superseded
 from podguard.pods.keeper.intent import Word
 from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.record import KeepState, KeepStore
-from podguard.pods.keeper.target import Target, not_confirmed
+from podguard.pods.keeper.target import Scan, Target, not_confirmed
 from podguard.pods.spec import PodSpec
 
 __all__ = ["TRANSIENT", "Ending", "KeepResult"]
@@ -107,11 +108,7 @@ class Ending:
             else:
                 self.target.forget()
             left = self._stop(outcome)
-            late = [i for i in (scan.plan.keep, *scan.plan.surplus) if i and i != self.state.target_id]
-            for other in late:  # its own that landed late (or a twin): nothing of the keeper's may bill
-                if not self.target.remove(self.hands, other):
-                    raise not_confirmed(f"terminate {other}")
-                left += f"; {self.target.kind} {other} of the name (the keeper's own, made late) terminated"
+            left += self._sweep_own(scan)
         except ApiError as exc:
             if exc.kind not in TRANSIENT:
                 raise
@@ -133,6 +130,29 @@ class Ending:
             text = f"{self.state.why}: {left}{after}"
             self.events.say("end", text, notify=True, outcome=outcome, code=code, line=self.view.detail or None)
         return KeepResult(code, outcome, text, self.state)
+
+    def _sweep_own(self, scan: Scan) -> str:
+        """Its own pods of the name other than the one kept (a create that landed late, a twin) are terminated; and
+        while a create (start) it sent may still land (its lease), it keeps looking: nothing of the keeper's bills
+        once it ends. What was done, in words ("" when nothing)."""
+        said = ""
+        until = self.fence.pending()
+        if until:
+            self.events.note(f"waiting up to {until - time.time():.0f} s: a create this keeper sent may still land")
+        while True:
+            for other in [s.id for s in scan.mine if s.id != self.state.target_id]:
+                if not self.target.remove(self.hands, other):
+                    raise not_confirmed(f"terminate {other}")
+                said += f"; {self.target.kind} {other} of the name (the keeper's own, made late) terminated"
+            if time.time() >= until:
+                return said
+            time.sleep(max(0.05, min(self.hands.tuning.poll_s, until - time.time())))
+            scan = self.target.scan(self.adopted)
+            if self.state.target_id in scan.items and self.target.kind == "pod":
+                kept = scan.items[self.state.target_id]
+                if getattr(kept, "status", None) in BOOTING:  # a start that landed late: stopped again
+                    self.target.adopt(self.state.target_id, scan)
+                    self.target.stop(self.hands, why="a start that landed late")
 
     def _stop(self, outcome: str) -> str:
         if outcome == "refused":

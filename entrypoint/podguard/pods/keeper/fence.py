@@ -42,10 +42,12 @@ class Fence:
         *,
         on_lease: Callable[[float], int] = lambda until: 0,
         on_release: Callable[[int], None] = lambda token: None,
+        pending: Callable[[], float] = lambda: 0.0,
         land_s: float = LAND_S,
     ) -> None:
         self.store, self.mine, self.land_s = store, mine, land_s
         self._on_lease, self._on_release = on_lease, on_release
+        self.pending = pending  # until when a create (start) this keeper sent may still land (0: none)
         self.last: Intent | None = mine
 
     def check(self) -> None:

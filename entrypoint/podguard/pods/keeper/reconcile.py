@@ -53,6 +53,9 @@ class Reconciling(Recovering):
                     notify=True,
                     target=plan.keep,
                 )
+                self.state.nodes, self.state.streaks = {}, {}
+                self.view.after_recovery(replaced=True)  # another machine: what the old one's lines said is over
+                self._after_recovery()
             self.state.target_id, self.state.made = plan.keep, True
             self._note_changes()
             return self._fresh_start(silent)

@@ -111,6 +111,11 @@ class Registration:
         self._publish()
         return self._tokens
 
+    def pending(self) -> float:
+        """Until when a create (start) this keeper sent, whose answer was lost, may still land (0: none)."""
+        now = time.time()
+        return max((v for v in self._pending.values() if v > now), default=0.0)
+
     def release(self, token: int) -> None:
         """Its answer came (made, or refused for good): nothing of it can land later."""
         if self._pending.pop(token, None) is not None:
@@ -149,10 +154,12 @@ class Unregistered(Registration):
         self.why = why
 
     def lease(self, until: float) -> int:
-        return 0
+        self._tokens += 1
+        self._pending[self._tokens] = until  # kept in memory: the keeper's own end still waits for it
+        return self._tokens
 
     def release(self, token: int) -> None:
-        return None
+        self._pending.pop(token, None)
 
     def close(self) -> None:
         return None
