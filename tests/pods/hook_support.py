@@ -1,22 +1,25 @@
 """A local webhook (Slack/Discord-like) that records what `--notify` posts.
 
-with Hook() as hook:
+with Hook(delay_s=0.5) as hook:     # each answer comes `delay_s` after the post (a slow webhook)
     ... hook.url ...
     hook.bodies     # the JSON objects posted, in order
+    hook.answered   # time.monotonic() of each answer, in the same order
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
 class Hook:
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.answered: list[float] = []
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,12 +28,16 @@ class Hook:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if delay_s:
+                    time.sleep(delay_s)
                 hook.headers.append(dict(self.headers.items()))
                 hook.bodies.append(json.loads(raw))
                 self.send_response(200)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+                self.wfile.flush()
+                hook.answered.append(time.monotonic())
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pods_support import KEY, PODGUARD
+from pods_support import KEY, PODGUARD, SPAWNED
 from standin_state import PodRecord, World
 
 KEEP_FAST = {
@@ -50,7 +50,7 @@ CLUSTER_SPEC = """
 
 def keep(spec: Path, *args: str, env: dict[str, str] | None = None, poll: str = POLL) -> subprocess.Popen[str]:
     """`podguard pod keep --spec SPEC --poll POLL ARGS` in the background, as a user starts it."""
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*PODGUARD, "pod", "keep", "--spec", str(spec), "--poll", poll, *args],
         env={**os.environ, **KEEP_FAST, **(env or {})},
         stdout=subprocess.PIPE,
@@ -58,6 +58,8 @@ def keep(spec: Path, *args: str, env: dict[str, str] | None = None, poll: str = 
         stdin=subprocess.DEVNULL,
         text=True,
     )
+    SPAWNED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str, str]:
@@ -138,7 +140,9 @@ def inside_keeper(standin: Any, spec: Path, extra_env: dict[str, str], *, popen:
     full = {**os.environ, **KEEP_FAST, **env, "PODGUARD_POLL": POLL, **extra_env}
     args = [*PODGUARD, "pod", "keep"]
     if popen:
-        return keeper_id, subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        SPAWNED.append(proc)
+        return keeper_id, proc
     return keeper_id, subprocess.run(args, env=full, capture_output=True, text=True, timeout=60)
 
 
@@ -155,3 +159,25 @@ def assert_no_key(standin: Any, tmp_path: Path, *texts: str) -> None:
     for path in (tmp_path / "state").rglob("*"):
         if path.is_file():
             assert KEY not in path.read_text(errors="replace"), path
+
+
+def intent(standin: Any, name: str = "trainer") -> dict[str, Any] | None:
+    """The keep's record of `name` as RunPod holds it (the template `podguard-intent-<name>`), or None."""
+    with standin.world.lock:
+        found = [t for t in standin.world.templates.values() if t.get("name") == f"podguard-intent-{name}"]
+    if not found:
+        return None
+    assert len(found) == 1, found
+    return json.loads(found[0]["env"]["PODGUARD_INTENT"])
+
+
+def billing(world: World, name: str = "trainer") -> list[PodRecord]:
+    """The pods of `name` that bill now (RUNNING, STARTING, PROVISIONING, ERROR: RunPod charges until a stop)."""
+    return [p for p in live_pods(world, name) if p.status in ("RUNNING", "STARTING", "PROVISIONING", "ERROR")]
+
+
+def marked(world: World, pod: PodRecord, **changes: Any) -> dict[str, Any]:
+    """A create body like `pod`, with its env (podguard's mark included): another podguard actor's twin."""
+    from standin_state import same_as
+
+    return {**same_as(pod), **changes}

@@ -28,8 +28,10 @@ FAST = {
     "PODGUARD_POD_LOGS_IDLE_S": "0.3",
     "PODGUARD_SELF_HEAL_RESTART_WAIT_S": "0.3",
     "PODGUARD_POD_RESTART_CONFIRM_S": "1",
+    "PODGUARD_KEEP_LAND_S": "1",  # a create in flight lands within its answer's 5 s and 1 s more (stand-in)
 }
 PODGUARD = [sys.executable, "-m", "podguard"]
+SPAWNED: list[subprocess.Popen[str]] = []  # background processes a test started: ended when its stand-in closes
 
 
 @pytest.fixture
@@ -46,6 +48,11 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn
     try:
         yield api
     finally:
+        for proc in SPAWNED:  # a test that failed half-way leaves no keeper running into the next one
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        SPAWNED.clear()
         api.close()
 
 
@@ -55,6 +62,7 @@ def api_env(api: StandIn, home: Path, state: Path) -> dict[str, str]:
         "RUNPOD_API_KEY": KEY,
         "HOME": str(home),
         "PODGUARD_STATE_DIR": str(state),
+        "PODGUARD_KEEPERS_DIR": str(state.parent / "keepers"),  # machine-wide in real life; one per test here
         **FAST,
     }
 

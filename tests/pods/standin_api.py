@@ -6,8 +6,9 @@ subset the `runpod` SDK sends, with scripted faults and a log of every request.
     api.requests                                # [Recorded(method, target, headers, body, at)]
 
 Faults: "html502" (a proxy's HTML page), "429" (problem+json, Retry-After), "500" (problem+json),
-"400"/"403" (a refusal as problem+json, nothing done), "slow" (answer after `delay`), "drop" (close without
-answering), "lost" (do it, then drop the answer).
+"400"/"403"/"409" (a refusal as problem+json, nothing done), "slow" (answer after `delay`), "drop" (close without
+answering), "lost" (do it, then drop the answer), "late" (drop the connection at once, and do it `delay` seconds
+later: a create or a start that lands after the client gave up).
 Log streams (SSE) backfill by `tail`/`since`/`Last-Event-ID`, then stay open with keep-alive comments.
 """
 
@@ -100,6 +101,7 @@ class StandIn:
         )
         self.closing = threading.Event()
         self.cuts = 0  # bumped by cut_streams(): open log streams end (as a proxy cutting them would)
+        self.landed: list[tuple[str, str, float]] = []  # (method, path, when) of each "late" request that landed
 
     @property
     def url(self) -> str:
@@ -126,6 +128,25 @@ class StandIn:
         with self._lock:
             self.faults.append(f)
         return f
+
+    def late(self, handler: _Handler, path: str, body: bytes, delay: float) -> None:
+        """Do what `handler`'s request asks `delay` seconds from now (its client got no answer): a late landing."""
+        command = handler.command
+
+        def land() -> None:
+            if self.closing.is_set():
+                return
+            shadow = _Handler.__new__(_Handler)
+            shadow.command, shadow.path, shadow.api = command, handler.path, self  # type: ignore[misc]
+            try:
+                shadow._route(path, body, answer=False)
+            except Exception:  # the world changed meanwhile (the pod is gone): nothing lands
+                return
+            self.landed.append((command, path, time.monotonic()))
+
+        timer = threading.Timer(delay, land)
+        timer.daemon = True
+        timer.start()
 
     def take_fault(self, method: str, path: str, body: bytes) -> Fault | None:
         with self._lock:
@@ -175,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
-        elif fault is not None and fault.kind in ("html502", "429", "500", "400", "403"):
+        elif fault is not None and fault.kind in ("html502", "429", "500", "400", "403", "409"):
             self._fault_answer(fault)
             return
         if self.headers.get("Authorization") != f"Bearer {self.api.key}":
@@ -183,6 +204,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault is not None and fault.kind == "lost":
             self._route(path, body, answer=False)
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        if fault is not None and fault.kind == "late":
+            self.api.late(self, path, body, fault.delay)
             self.close_connection = True
             self.connection.shutdown(2)
             return
@@ -205,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._problem(400, "Bad Request", "request could not be processed")
         elif fault.kind == "403":
             self._problem(403, "Forbidden", "access denied")
+        elif fault.kind == "409":
+            self._problem(409, "Conflict", "the pod is changing state; try again")
         else:
             self._problem(500, "Internal Server Error", "upstream failure")
 
@@ -298,14 +326,22 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, {"templates": [template_view(t) for t in world.templates.values()]}
             if parts == ["v2", "templates"] and method == "POST":
                 data = json.loads(body)
-                tid = f"tpl{len(world.templates) + 1}"
+                if any(t.get("name") == data.get("name") for t in world.templates.values()):
+                    raise Refusal(400, f"a template named {data.get('name')!r} exists already")
+                tid = world.new_template_id()
                 world.templates[tid] = {**data, "id": tid}
                 return 201, template_view(world.templates[tid])
-            if len(parts) == 3 and parts[:2] == ["v2", "templates"] and method == "PATCH":
+            if len(parts) == 3 and parts[:2] == ["v2", "templates"]:
                 if parts[2] not in world.templates:
                     raise Refusal(404, "template not found")
-                world.templates[parts[2]].update(json.loads(body))
-                return 200, template_view(world.templates[parts[2]])
+                if method == "GET":
+                    return 200, template_view(world.templates[parts[2]])
+                if method == "PATCH":
+                    world.templates[parts[2]].update(json.loads(body))  # env: replaced whole (PATCH semantics)
+                    return 200, template_view(world.templates[parts[2]])
+                if method == "DELETE":
+                    del world.templates[parts[2]]
+                    return 204, None
         raise Refusal(404, f"no route {method} {path}")
 
     def _clusters(self, world: World, parts: list[str], body: bytes) -> tuple[Any, Any]:

@@ -9,8 +9,11 @@ writes the lines of a preflight run to the pod's log after `verdict_delay_s`. Wh
 depends on the machine's health: "ok" passes; "sick" fails until the pod is stopped and started again
 (fresh driver state); "broken" always fails (only a replacement helps); on an "error" machine every boot ends in
 ERROR. Tests may script lines instead. What goes wrong from outside: `lose_host` (RUNNING with no runtime and
-no more lines, its start refused), `set_error`, `vanish`, `host_full_on_start` (a start refused for GPUs) and
-`gpus_on_start` (a start that gives the pod fewer GPUs, none at all after a resume).
+no more lines, its start refused), `set_error`, `vanish`, `host_full_on_start` (a start refused for GPUs),
+`gpus_on_start` (a start that gives the pod fewer GPUs, none at all after a resume), `odd_status` (a status the
+spec does not list, or none, for a while), `crash_loop` (the container restarts every moment, printing an exec
+error and never the preflight), `restart_container` (the container starts again: a new preflight, the same
+`startedAt`) and `ignore_stops` (a stop answered 200 and not carried out).
 """
 
 from __future__ import annotations
@@ -106,6 +109,11 @@ class PodRecord:
     rank: int | None = None
     cluster_ip: str | None = None
     host_lost: bool = False  # the host is gone: RUNNING on paper, no runtime, no more lines, no start
+    container_started: float = 0.0  # time.time() of the container's latest start (runtime.uptime counts from it)
+    odd: tuple[str | None, float] | None = None  # (status shown instead, until monotonic): RESTARTING, or None: none
+    crash: tuple[str, float] | None = None  # (the line each crash prints, seconds between restarts)
+    next_crash: float = 0.0
+    restarts: int = 0  # container restarts (crash loop or restart_container)
 
     @property
     def actions(self) -> list[str]:
@@ -147,10 +155,11 @@ def verdict_lines(pod: PodRecord) -> list[str]:
 
 
 def same_as(pod: PodRecord) -> dict[str, Any]:
-    """A create body for a pod like `pod` in its data centre (a second actor's: `pod heal --replace` elsewhere)."""
+    """A create body for a pod like `pod` in its data centre (a second actor's: `pod heal --replace` elsewhere, which
+    copies the pod's env: podguard's mark included)."""
     gpu = {"id": pod.gpu_type, "count": pod.gpu_count} if pod.gpu_type else None
     body = {"name": pod.name, "image": pod.image, "args": pod.args, "gpu": gpu, "mounts": pod.mounts}
-    return {**body, "dataCenterIds": [pod.machine.dc]}
+    return {**body, "env": dict(pod.env), "dataCenterIds": [pod.machine.dc]}
 
 
 @dataclass
@@ -177,6 +186,8 @@ class World:
         self.new_machine_health: list[str] = []  # health of the next machines created, in order
         self.ignore_restart = False  # "restart returns 200 and does nothing"
         self.host_full_on_start = False
+        self.ignore_stops = 0  # this many stops are answered 200 and not carried out
+        self._template_ids = itertools.count(1)
         self.gpus_on_start: int | None = None  # a start gives the pod this many GPUs (a resume can give it none)
         self.balance_ok = True
         self.script: Callable[[PodRecord], list[str]] | None = None
@@ -317,8 +328,10 @@ class World:
             if action == "terminate":
                 pod.status = "TERMINATED"
                 self._release(pod)
+            elif action == "stop" and self.ignore_stops > 0:
+                self.ignore_stops -= 1  # "stop returns 200 and does nothing"
             elif action == "stop":
-                pod.status, pod.pending = "EXITED", []
+                pod.status, pod.pending, pod.crash = "EXITED", [], None
                 if not pod.host_lost:
                     pod.machine.free += pod.gpu_count
             elif action == "start":
@@ -335,6 +348,9 @@ class World:
                 pod.pending = []
             self.lock.notify_all()
             return None if action == "terminate" else pod
+
+    def new_template_id(self) -> str:
+        return f"tpl{next(self._template_ids)}"
 
     def _release(self, pod: PodRecord) -> None:
         if pod.gpu_type is not None:
@@ -363,6 +379,33 @@ class World:
         with self.lock:
             pod = self.get(pod_id)
             pod.status, pod.pending = "ERROR", []
+            self.lock.notify_all()
+
+    def odd_status(self, pod_id: str, shown: str | None, seconds: float) -> None:
+        """For `seconds`, the API shows `shown` as the pod's status (one the spec does not list, e.g. RESTARTING),
+        or no status at all (None)."""
+        with self.lock:
+            self.get(pod_id).odd = (shown, time.monotonic() + seconds)
+
+    def crash_loop(
+        self, pod_id: str, line: str = "exec /usr/local/bin/podguard: exec format error", every_s: float = 0.2
+    ) -> None:
+        """The container crash-loops: every `every_s` it prints `line` and starts again; the preflight never comes."""
+        with self.lock:
+            pod = self.get(pod_id)
+            pod.crash, pod.next_crash, pod.pending = (line, every_s), time.monotonic(), []
+            self.lock.notify_all()
+
+    def restart_container(self, pod_id: str) -> None:
+        """The container starts again by itself (RunPod restarts a container that exited): its preflight runs again,
+        `startedAt` stays."""
+        with self.lock:
+            pod = self.get(pod_id)
+            pod.restarts += 1
+            pod.container_started = time.time()
+            lines = self.script(pod) if self.script is not None else verdict_lines(pod)
+            due = time.monotonic() + self.timing.verdict_delay_s
+            pod.pending = [(due, "container", line) for line in lines]
             self.lock.notify_all()
 
     def vanish(self, pod_id: str) -> None:
@@ -398,9 +441,15 @@ class World:
             self._append(pod, "system", "container start failed: the host reported an error")
         elif pod.status == "STARTING" and now >= pod.until:
             pod.status, pod.started_at, pod.starts = "RUNNING", now_iso(), pod.starts + 1
+            pod.container_started = time.time()
             lines = self.script(pod) if self.script is not None else verdict_lines(pod)
             due = now + self.timing.verdict_delay_s
             pod.pending = [(due, "container", line) for line in lines]
+        if pod.status == "RUNNING" and not pod.host_lost and pod.crash is not None and now >= pod.next_crash:
+            line, every = pod.crash
+            pod.pending, pod.next_crash, pod.restarts = [], now + every, pod.restarts + 1
+            pod.container_started = time.time()
+            self._append(pod, "container", line)
         if pod.status == "RUNNING" and not pod.host_lost:
             while pod.pending and pod.pending[0][0] <= now:
                 _, source, line = pod.pending.pop(0)

@@ -19,10 +19,14 @@ def _runtime_ports(pod: PodRecord) -> list[dict[str, Any]]:
 
 
 def _uptime(pod: PodRecord) -> int:
-    """Whole seconds since the pod's start (the stand-in's startedAt, which tests may move back)."""
+    """Whole seconds since the pod's start (the stand-in's startedAt, which tests may move back), or since its
+    container started again by itself (a crash loop, a restart of the container)."""
     if not pod.started_at:
         return 0
-    return max(0, int(time.time() - datetime.fromisoformat(pod.started_at.replace("Z", "+00:00")).timestamp()))
+    started = datetime.fromisoformat(pod.started_at.replace("Z", "+00:00")).timestamp()
+    if pod.restarts:
+        started = max(started, pod.container_started)
+    return max(0, int(time.time() - started))
 
 
 def pod_view(pod: PodRecord) -> dict[str, Any]:
@@ -70,6 +74,11 @@ def pod_view(pod: PodRecord) -> dict[str, Any]:
     }
     if pod.cluster_id is not None:
         view["cluster"] = {"id": pod.cluster_id, "rank": pod.rank, "ip": pod.cluster_ip}
+    if pod.odd is not None and time.monotonic() < pod.odd[1]:
+        if pod.odd[0] is None:
+            del view["status"]  # an answer without a status
+        else:
+            view["status"] = pod.odd[0]
     view["interruptible"] = pod.interruptible  # a field the client does not know: it must be ignored
     if pod.gpu_type:  # the newer revision's per-GPU-set details beside id and count
         view["gpu"] = {"id": pod.gpu_type, "count": pod.gpu_count, "vcpuCount": 8 * pod.gpu_count, "memory": 62}

@@ -298,8 +298,18 @@ def test_an_interrupted_wait_after_the_recreate_names_the_new_cluster(standin, t
     proc = subprocess.Popen(
         [*PODGUARD, "pod", "heal", "ring", "--replace"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 30
-    while len(creates(standin)) < 2 or len(standin.calls("GET", r"/logs$")) < 6:  # up 2, judge 2, the new 2
+    deadline = time.monotonic() + 120  # generous: a busy machine; the condition, not the clock, decides
+
+    def following_the_new_nodes() -> bool:
+        """The heal waits on the new cluster: both of its nodes' log streams were requested (the streams of the old
+        nodes, reopened or not, do not count: they said nothing about where the heal is)."""
+        with world.lock:
+            new = [c for c in world.clusters.values() if c.id != old.id]
+            members = set(new[0].members) if new else set()
+        streams = {c.path.split("/")[3] for c in standin.calls("GET", r"/logs$")}
+        return len(members) == 2 and members <= streams
+
+    while not following_the_new_nodes():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
@@ -392,11 +402,12 @@ def test_get_pods_sends_only_documented_parameters_and_reads_one_answer(standin,
     # parameter but includeClusterPods, as a client that invents `limit`/`cursor` paging would deserve
     world = standin.world
     world.set_capacity("NVIDIA A40", 100)
-    world.create({"name": "trainer", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 2}})
+    trainer = world.create({"name": "trainer", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 2}})
     for i in range(40):  # newer pods come first: "trainer" is the last of a long answer
         world.create({"name": f"busy-{i}", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}})
     assert up(cluster_spec(tmp_path, 2)).returncode == 0  # members are hidden unless includeClusterPods=true
-    proc = pg(["pod", "up", "--spec", str(write_spec(tmp_path / "pod.toml", A40_SPEC)), "--json"])
+    spec = str(write_spec(tmp_path / "pod.toml", A40_SPEC))
+    proc = pg(["pod", "up", "--spec", spec, "--json", "--adopt", trainer.id])  # made by hand: handed over
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["action"] == "reused" and standin.calls("POST", r"^/v2/pods$") == []
     listed = json.loads(pg(["pod", "list", "--json"]).stdout)
@@ -419,6 +430,35 @@ def test_the_standin_answers_get_pods_as_the_spec_does(standin):  # noqa: F811
         assert refused.value.code == 422
 
 
+def test_the_standin_returns_env_on_every_pod_object_as_the_openapi_requires(standin):  # noqa: F811
+    """REST v2's Pod has `env` among its required fields (runpod/docs api-reference-v2/openapi.json): on a GET, in
+    `GET /v2/pods`, and for cluster members (`GET /v2/clusters/{id}/pods`, `includeClusterPods=true`). podguard's
+    mark is read from it."""
+    world = standin.world
+    env = {"PODGUARD_MARK": "podguard/1 name=x keep=up spec=- gpus=1", "A": "1"}
+    pod = world.create({"name": "a", "image": "img:1", "gpu": {"id": "NVIDIA A40", "count": 1}, "env": env})
+    cluster = world.create_cluster(
+        {
+            "name": "ring",
+            "type": "TRAINING",
+            "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 1, "podCount": 2},
+            "image": "img:1",
+            "env": env,
+        }
+    )
+    headers = {"Authorization": f"Bearer {standin.key}"}
+
+    def get(path: str):
+        with urlopen(Request(f"{standin.url}{path}", headers=headers), timeout=10) as answer:
+            return json.load(answer)
+
+    assert get(f"/v2/pods/{pod.id}")["env"] == env
+    assert [p["env"] for p in get("/v2/pods")["pods"]] == [env]  # members hidden without includeClusterPods
+    assert [p["env"] for p in get("/v2/pods?includeClusterPods=true")["pods"]] == [env, env, env]
+    assert [p["env"] for p in get(f"/v2/clusters/{cluster.id}/pods")["pods"]] == [env, env]
+    assert "env" not in get(f"/v2/clusters/{cluster.id}")  # the Cluster object has none: the mark is on its members
+
+
 def test_a_create_body_over_100_kb_is_64_naming_the_env_size(standin, tmp_path):  # noqa: F811
     big = "x" * 120_000
     pod_spec = write_spec(tmp_path / "pod.toml", A40_SPEC.replace('WANDB_PROJECT = "demo"', f'BLOB = "{big}"'))
@@ -427,7 +467,7 @@ def test_a_create_body_over_100_kb_is_64_naming_the_env_size(standin, tmp_path):
     for spec in (pod_spec, big_cluster):
         proc = pg(["pod", "up", "--spec", str(spec)])
         assert proc.returncode == 64, proc.stderr
-        assert re.search(r"HTTP 413.*env 117\.\d KB in 1 variables", proc.stderr), proc.stderr
+        assert re.search(r"HTTP 413.*env 117\.\d KB in 2 variables", proc.stderr), proc.stderr
         assert [line for line in proc.stderr.splitlines() if "error" in line] == proc.stderr.splitlines()[-1:]
         assert big not in proc.stderr
     assert standin.world.pods == {} and standin.world.clusters == {}

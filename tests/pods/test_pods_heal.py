@@ -96,3 +96,22 @@ def test_an_exited_pod_skips_the_restart(standin, sick_pod):  # noqa: F811
     proc, record = heal()
     assert proc.returncode == 0, proc.stderr
     assert steps(record) == [("restart", "skipped"), ("stop+start", "pass")]
+
+
+def test_a_replacement_carries_podguards_mark_its_own_or_a_new_one_for_its_name():
+    from podguard.pods.clusters.heal import replacement_cluster
+    from podguard.pods.clusters.model import Cluster, Member
+    from podguard.pods.heal import replacement_request
+    from podguard.pods.mark import ENV_MARK, mark_of, name_hash
+    from podguard.pods.model import GpuInfo, Pod, PodStatus
+
+    def made(env: dict[str, str]) -> Pod:
+        return Pod("p1", "trainer", PodStatus.RUNNING, GpuInfo("NVIDIA A40", 2), 0.9, None, (), (), env=env)
+
+    bare = replacement_request(made({"A": "1"}))  # a pod made by hand: its replacement is podguard's
+    assert mark_of(bare.env).name == name_hash("trainer") and mark_of(bare.env).keep == "heal" and bare.env["A"] == "1"
+    own = {"A": "1", ENV_MARK: "podguard/1 name=x keep=k7-ab spec=s gpus=2"}
+    assert replacement_request(made(own)).env[ENV_MARK] == own[ENV_MARK]  # the keep's own pod stays the keep's
+    cluster = Cluster("c1", "trainer", "TRAINING", GpuInfo("NVIDIA A40", 2), 2)
+    request = replacement_cluster(cluster, [Member(made({"A": "1"}), 0)])
+    assert mark_of(request.env).keep == "heal" and mark_of(request.env).gpus == 2

@@ -110,13 +110,15 @@ def test_a_pod_of_the_name_made_by_another_actor_is_adopted_not_duplicated(stand
     proc = keep(spec, "--notify", "http://127.0.0.1:9/hook")
     passes(tmp_path)
     old = live_pod(world)
-    other = world.create(same_as(old))  # e.g. `pod heal --replace` from another machine, or the in-pod self-heal
-    world.set_error(old.id)
+    with world.lock:  # the pod breaks and another actor replaces it (`pod heal --replace` copies its env: the mark)
+        world.set_error(old.id)
+        other = world.create(same_as(old))
     passes(tmp_path, 2)
-    assert live_pods(world) == [other] and old.status == "TERMINATED"
-    assert len(creates(standin)) == 1  # the keeper's own first pod only
-    (adopted,) = wait_event(tmp_path, "adopted")
-    assert "made by someone else" in adopted["text"] and "adopted, not duplicated" in adopted["text"]
+    wait_for(lambda: live_pods(world) == [other], what="the other actor's pod, kept; the broken one terminated")
+    assert old.status == "TERMINATED" and len(creates(standin)) == 1  # the keeper's own first pod only
+    assert state(tmp_path)["target_id"] == other.id
+    adopted = wait_event(tmp_path, "adopted") + wait_event(tmp_path, "surplus")
+    assert any("kept" in e["text"] or "adopted, not duplicated" in e["text"] for e in adopted), adopted
     say_end(world, other, "success", 0)
     assert finish(proc)[0] == 0
 
@@ -128,17 +130,15 @@ def test_a_keeper_started_again_while_another_actor_has_two_pods_of_the_name_kee
     old = live_pod(world)
     proc.send_signal(signal.SIGKILL)  # RunPod restarts a keeper pod's container, a laptop keeper is run again
     proc.wait()
-    other = world.create(same_as(old))  # `pod heal --replace` from another machine, between its create and terminate
+    other = world.create(same_as(old))  # a twin of the keeper's own (a create that landed late, another actor)
     again = keep(spec)
     wait_event(tmp_path, "resume")
-    time.sleep(1.0)
-    assert again.poll() is None, finish(again)[2]  # two of the name for a moment: no reason to end (64) unwatched
-    assert state(tmp_path)["target_id"] == old.id  # the one it kept before; the actor's pod is not touched
-    world.vanish(old.id)  # the actor's terminate
-    passes(tmp_path, 2)
-    assert live_pods(world) == [other] and len(creates(standin)) == 1
-    say_end(world, other, "success", 0)
-    assert finish(again)[0] == 0 and other.status == "EXITED"
+    (surplus,) = wait_event(tmp_path, "surplus")  # converged on one: the one the job runs on stays
+    assert other.id in surplus["text"] and again.poll() is None, finish(again)[2]  # no reason to end (64) unwatched
+    wait_for(lambda: other.status == "TERMINATED", what="the twin terminated")
+    assert live_pods(world) == [old] and state(tmp_path)["target_id"] == old.id and len(creates(standin)) == 1
+    say_end(world, old, "success", 0)
+    assert finish(again)[0] == 0 and old.status == "EXITED"
 
 
 def test_two_replacements_made_by_other_actors_leave_one_pod_the_oldest(standin, spec, tmp_path):  # noqa: F811
@@ -146,10 +146,11 @@ def test_two_replacements_made_by_other_actors_leave_one_pod_the_oldest(standin,
     proc = keep(spec)
     passes(tmp_path)
     old = live_pod(world)
-    first = world.create(same_as(old))  # `pod heal --replace` from one machine ...
-    time.sleep(1.1)  # (createdAt has one-second steps in RunPod's examples)
-    second = world.create(same_as(old))  # ... and from another, at about the same time
-    world.set_error(old.id)
+    with world.lock:  # it breaks; two actors replace it at about the same time (`pod heal --replace` twice)
+        world.set_error(old.id)
+        first = world.create(same_as(old))
+        second = world.create(same_as(old))
+        second.created_at = "9" + second.created_at[1:]  # the later createdAt
     passes(tmp_path, 2)
     wait_for(lambda: live_pods(world) == [first], what="one pod of the name, the oldest")
     assert second.status == "TERMINATED" and len(creates(standin)) == 1 and state(tmp_path)["target_id"] == first.id
@@ -157,22 +158,25 @@ def test_two_replacements_made_by_other_actors_leave_one_pod_the_oldest(standin,
     assert finish(proc)[0] == 0
 
 
-def test_two_keepers_in_two_state_dirs_and_an_error_leave_one_pod(standin, spec, tmp_path):  # noqa: F811
+def test_a_keep_from_another_machine_takes_over_and_the_first_keeper_ends_before_acting(standin, spec, tmp_path):  # noqa: F811
     world = standin.world
-    second_dir = tmp_path / "second"
+    other_dir = tmp_path / "other-machine"
     first = keep(spec)
     passes(tmp_path)
-    second = keep(spec, env={"PODGUARD_STATE_DIR": str(second_dir / "state")})
-    wait_event(second_dir, "up")
+    elsewhere = {"PODGUARD_STATE_DIR": str(other_dir / "state"), "PODGUARD_KEEPERS_DIR": str(other_dir / "keepers")}
+    second = keep(spec, env=elsewhere)  # another machine: its own /tmp and state dir; its word is the newer one
+    wait_event(other_dir, "up")
     old = live_pod(world)
     world.set_error(old.id)
-    passes(tmp_path, 2)
+    code, _, err = finish(first)  # before its next action it reads the record: a newer keep took over
+    assert code == 0 and "generation" in err, err
+    passes(other_dir, 2)
     wait_for(lambda: len(live_pods(world)) == 1 and live_pods(world)[0].id != old.id, what="one replacement")
-    time.sleep(1.0)  # both keepers had their polls: still one pod
+    time.sleep(1.0)
     (new,) = live_pods(world)
-    assert state(tmp_path)["target_id"] == state(second_dir)["target_id"] == new.id
+    assert state(other_dir)["target_id"] == new.id and len(creates(standin)) == 2
     say_end(world, new, "success", 0)
-    assert finish(first)[0] == 0 and finish(second)[0] == 0
+    assert finish(second)[0] == 0
     assert new.status == "EXITED"
 
 
@@ -210,16 +214,16 @@ def test_pod_down_or_stop_while_the_keeper_creates_leaves_nothing_billing(standi
     assert [p.status for p in live_pods(standin.world)] in ([], ["EXITED"]), done.stderr  # nothing billing
 
 
-def test_pod_down_ends_a_keeper_of_the_name_in_another_state_dir_too(standin, spec, tmp_path):  # noqa: F811
+def test_pod_down_ends_a_keeper_of_the_name_under_another_home_and_state_dir(standin, spec, tmp_path):  # noqa: F811
     world = standin.world
-    first = keep(spec)
-    passes(tmp_path)
-    second_dir = tmp_path / "second"
-    second = keep(spec, env={"PODGUARD_STATE_DIR": str(second_dir / "state")})  # another terminal, another env
-    wait_event(second_dir, "up")
+    other = tmp_path / "other"  # sudo, systemd, tmux: another HOME and state dir on the same machine
+    (other / "home").mkdir(parents=True)
+    proc = keep(spec, env={"HOME": str(other / "home"), "PODGUARD_STATE_DIR": str(other / "state")})
+    passes(other)
     down = pg(["pod", "down", "trainer"])
     assert down.returncode == 0, down.stderr
-    assert finish(first)[0] == finish(second)[0] == 128 + signal.SIGTERM, down.stderr
+    assert "ending the keeper of trainer" in down.stderr and str(other / "home") in down.stderr
+    assert finish(proc)[0] == 128 + signal.SIGTERM, down.stderr
     time.sleep(1.0)
     assert not live_pods(world) and len(creates(standin)) == 1  # the user's hand wins: nothing made again
 
@@ -488,19 +492,22 @@ def test_a_cluster_of_the_name_made_by_another_actor_is_adopted_before_a_recreat
     proc = keep(spec)
     passes(tmp_path, 2, name="ring")
     (first,) = world.clusters.values()
-    other = world.create_cluster(  # `pod heal ring --replace` from another machine, say
-        {
-            "name": "ring",
-            "type": "TRAINING",
-            "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 2, "podCount": 2},
-            "image": "registry.example/me/podguard:0.2",
-            "args": "train --mode torchrun -- python train.py",
-            "dataCenterIds": [first.dc],
-        }
-    )
-    world.set_error(first.members[1])
+    with world.lock:  # a node breaks, and another actor recreates the cluster (`pod heal ring --replace`)
+        world.set_error(first.members[1])
+        other = world.create_cluster(
+            {
+                "name": "ring",
+                "type": "TRAINING",
+                "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 2, "podCount": 2},
+                "image": "registry.example/me/podguard:0.2",
+                "args": "train --mode torchrun -- python train.py",
+                "env": dict(world.pods[first.members[0]].env),  # the heal copies the env: podguard's mark
+                "dataCenterIds": [first.dc],
+            }
+        )
     passes(tmp_path, 4, name="ring")
     assert list(world.clusters) == [other.id] and len(standin.calls("POST", r"^/v2/clusters$")) == 1
-    assert "adopted, not duplicated" in wait_event(tmp_path, "adopted", name="ring")[0]["text"]
+    events = wait_event(tmp_path, "surplus", name="ring") + wait_event(tmp_path, "adopted", name="ring")
+    assert any(first.id in e["text"] for e in events), events
     say_end(world, world.pods[other.members[0]], "success", 0)
     assert finish(proc)[0] == 0 and world.clusters == {}

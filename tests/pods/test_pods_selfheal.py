@@ -91,6 +91,8 @@ def test_replace_creates_an_identical_pod_then_terminates_itself_and_the_copy_ne
     assert "replacing pod" in replaced.stderr and pod.status == "TERMINATED"
     (new,) = [p for p in standin.world.pods.values() if p.id != pod.id]
     assert (new.name, new.image, new.gpu_type, new.gpu_count) == (pod.name, pod.image, pod.gpu_type, pod.gpu_count)
+    mark = new.env.pop("PODGUARD_MARK")  # the pod had no mark (made by hand): its replacement is podguard's
+    assert mark.startswith("podguard/1 name=") and "keep=self-heal" in mark
     assert new.env == {**pod.env, "PODGUARD_HEAL_REPLACED_FROM": pod.id}
     copy_env = {**env, "PODGUARD_HEAL_REPLACED_FROM": pod.id}
     assert train(cli_node, new.id, **copy_env).returncode == 76  # the copy: restart first ...

@@ -63,6 +63,19 @@ def test_candidates_try_gpu_types_first_then_data_centres_in_order():
         ({"env": {"A": ["list"]}}, "[env] A"),
         ({"ready": {"timeout_s": -1}}, "[ready] timeout_s"),
         ({"data_centers": "EU-RO-1"}, "data_centers"),
+        ({"checkpoints": {"dir": "/c", "stor": "s3://b/p"}}, "[checkpoints] stor"),
+        ({"checkpoints": {"dir": "ckpt"}}, "[checkpoints] dir"),
+        ({"checkpoints": {"dir": "/c", "store": "gs://bucket/p"}}, "[checkpoints] store"),
+        ({"checkpoints": {"dir": "/c", "store": "s3://B_ad/p"}}, "[checkpoints] store"),
+        ({"checkpoints": {"dir": "/c", "store": "file://relative"}}, "[checkpoints] store"),
+        ({"checkpoints": {"store": "s3://bucket/p"}}, "[checkpoints] store"),
+        ({"checkpoints": {"dir": "/c", "keep": 0}}, "[checkpoints] keep"),
+        ({"checkpoints": {"dir": "/c", "keep": "2"}}, "[checkpoints] keep"),
+        ({"checkpoints": {"dir": "/c", "save_signal": "KILL"}}, "[checkpoints] save_signal"),
+        ({"checkpoints": {"dir": "/c", "save_signal": "NOPE"}}, "[checkpoints] save_signal"),
+        ({"checkpoints": {"dir": "/c", "save_grace": "0"}}, "[checkpoints] save_grace"),
+        ({"checkpoints": {"dir": "/c", "save_grace": "soon"}}, "[checkpoints] save_grace"),
+        ({"checkpoints": {"dir": "/c"}, "env": {"PODGUARD_CHECKPOINTS": "/d"}}, "[checkpoints] dir"),
     ],
 )
 def test_a_bad_spec_names_the_key(change, named):
@@ -81,6 +94,21 @@ def test_cpu_pods_cannot_be_spot_or_have_host_volumes():
         parse_spec({**cpu, "cpu": {"id": "cpu3c", "vcpus": 6}})
 
 
+def test_checkpoints_reach_the_pod_as_their_variables():
+    table = {"dir": "/workspace/ckpt", "store": "s3://my-bucket/run1", "keep": 3, "save_signal": "USR2"}
+    spec = parse_spec({**BASE, "checkpoints": {**table, "save_grace": "2m"}})
+    assert {k: v for k, v in spec.env.items() if k.startswith("PODGUARD_")} == {
+        "PODGUARD_CHECKPOINTS": "/workspace/ckpt",
+        "PODGUARD_CHECKPOINT_STORE": "s3://my-bucket/run1",
+        "PODGUARD_STORE_KEEP": "3",
+        "PODGUARD_SAVE_SIGNAL": "USR2",
+        "PODGUARD_SAVE_GRACE": "2m",
+    }
+    assert spec.store == "s3://my-bucket/run1"
+    local = parse_spec({**BASE, "checkpoints": {"dir": "/workspace/ckpt", "store": "file:///mnt/volume/run1"}})
+    assert local.store == "file:///mnt/volume/run1" and parse_spec(BASE).store == ""
+
+
 def test_env_values_and_secret_references_pass_through_untouched():
     spec = parse_spec({**BASE, "env": {"HF_TOKEN": "{{ RUNPOD_SECRET_hf }}", "N": 3, "F": True}})
     assert spec.env == {"HF_TOKEN": "{{ RUNPOD_SECRET_hf }}", "N": "3", "F": "true"}
@@ -88,8 +116,13 @@ def test_env_values_and_secret_references_pass_through_untouched():
 
 @pytest.mark.parametrize(
     "body",
-    ['name = "x"\nimage = "i"\n[gpu]\ntypes = ["NVIDIA A40"]\nbogus = 1\n', "name = 'unterminated\n", ""],
-    ids=["unknown-key", "bad-toml", "empty"],
+    [
+        'name = "x"\nimage = "i"\n[gpu]\ntypes = ["NVIDIA A40"]\nbogus = 1\n',
+        "name = 'unterminated\n",
+        "",
+        'name = "x"\nimage = "i"\n[gpu]\ntypes = ["NVIDIA A40"]\n[checkpoints]\nstore = "s3://bucket/p"\n',
+    ],
+    ids=["unknown-key", "bad-toml", "empty", "store-without-dir"],
 )
 def test_pod_up_with_a_bad_spec_exits_64_and_sends_no_request(standin, tmp_path, body):  # noqa: F811
     spec = tmp_path / "pod.toml"

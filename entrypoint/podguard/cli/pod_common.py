@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from podguard.pods.tuning import Tuning
 
 __all__ = [
+    "Adopt",
     "Api",
     "Json",
     "PodRef",
@@ -69,6 +70,15 @@ RetryFor = Annotated[
     ),
 ]
 PodRef = Annotated[str, typer.Argument(help="The pod's name or id.", show_default=False)]
+Adopt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--adopt",
+        envvar="PODGUARD_ADOPT",
+        help="Hand a pod (cluster) of the spec's name that podguard did not make over to podguard (its id).",
+        show_default=False,
+    ),
+]
 SpecFile = Annotated[
     Path, typer.Option("--spec", envvar="PODGUARD_SPEC", help="The pod spec (TOML), e.g. runpod/pod.toml.")
 ]

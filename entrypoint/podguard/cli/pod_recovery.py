@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from podguard.cli.pod_common import (
+    Adopt,
     Api,
     Json,
     PodRef,
@@ -128,12 +129,14 @@ def keep(
     as_json: Json = False,
     api: Api = None,
     retry_for: RetryFor = 60.0,
+    adopt: Adopt = None,
 ) -> None:
     """`pod up`, then watch the pod (or cluster) and its job until it is over, recovering what breaks."""
     from podguard.pods.keeper.command import KeepRequest
     from podguard.pods.keeper.command import keep as run_keep
 
-    request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json)
+    adopted = tuple(i.strip() for item in adopt or () for i in item.split(",") if i.strip())
+    request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json, adopted)
     code = run_keep(request, lambda spec: api_client(api, retry_for, spec=spec))
     if code:
         raise typer.Exit(code)

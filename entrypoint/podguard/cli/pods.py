@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from podguard.cli.pod_common import (
+    Adopt,
     Api,
     Json,
     PodRef,
@@ -34,7 +35,6 @@ from podguard.cli.pod_common import (
 from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
-    from podguard.pods.model import PodAction
     from podguard.pods.readiness import ReadyOutcome
     from podguard.pods.spec import PodSpec
 
@@ -55,6 +55,15 @@ def _load_spec(path: Path) -> PodSpec:
     from podguard.pods.spec import load_spec
 
     return load_spec(path)
+
+
+def _adopt_ids(raw: list[str] | None) -> tuple[str, ...]:
+    """`--adopt ID` (repeatable, or comma-separated in PODGUARD_ADOPT): ids, checked before any request."""
+    ids = tuple(i.strip() for item in raw or () for i in item.split(",") if i.strip())
+    for pod_id in ids:
+        if any(c.isspace() for c in pod_id) or len(pod_id) > 100:
+            raise UsageError(f"--adopt {pod_id!r} is not valid; expected the id of a pod (cluster) of the spec's name")
+    return ids
 
 
 def _ready_failure(outcome: ReadyOutcome) -> PodguardError:
@@ -89,11 +98,13 @@ def up(
     ] = False,
     api: Api = None,
     retry_for: RetryFor = 60.0,
+    adopt: Adopt = None,
 ) -> None:
     """Create the spec's pod (idempotent by name), then wait until it runs and its preflight passed."""
     from podguard.pods.up import pod_up
 
     spec = _load_spec(spec_file)  # every check before the first request
+    adopted = _adopt_ids(adopt)
     tuning = pod_tuning()
     client = api_client(api, retry_for, spec=spec)
     progress = new_progress()
@@ -104,7 +115,14 @@ def up(
         from podguard.pods.clusters import commands
 
         commands.up(
-            client, spec, timeout_s=timeout_s, wait=not no_wait, as_json=as_json, tuning=tuning, progress=progress
+            client,
+            spec,
+            timeout_s=timeout_s,
+            wait=not no_wait,
+            as_json=as_json,
+            tuning=tuning,
+            progress=progress,
+            adopt=adopted,
         )
         return
     result = pod_up(
@@ -114,6 +132,7 @@ def up(
         wait=not no_wait,
         tuning=tuning,
         progress=progress,
+        adopt=adopted,
     )
     progress.close()
     outcome = result.outcome
@@ -133,14 +152,16 @@ def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: Retry
 
     client, target = client_and_pod(api, retry_for, pod)
     kept = kept_by(client, target.name)
+    extra = {"kept_by": kept.by(), "keeper": kept.view()}
     if is_cluster(target):
         from podguard.pods.clusters import commands
 
-        commands.show(client, target, as_json=as_json, extra={"kept_by": kept})
+        commands.show(client, target, as_json=as_json, extra=extra)
     else:
-        show(target, as_json, {"kept_by": kept})
-    if kept and not as_json:
-        print(f"kept by:  {kept} (`podguard pod keep`)")
+        show(target, as_json, extra)
+    line = kept.line()
+    if line and not as_json:
+        print(f"kept by:  {line} (`podguard pod keep`)")
 
 
 @pod_app.command("list")
@@ -233,30 +254,23 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     from podguard.pods.clusters import commands
     from podguard.pods.clusters.model import Member
     from podguard.pods.clusters.target import find_target
-    from podguard.pods.keeper.deploy import end_keepers, say_unkept
+    from podguard.pods.keeper.deploy import say_unkept
     from podguard.pods.model import PodAction
 
     wanted = PodAction(action)
     client = api_client(api, retry_for)
-    ends_keepers = wanted in (PodAction.TERMINATE, PodAction.STOP)  # the user's hand wins over a keeper
-    target = find_target(client, ref, missing_ok=ends_keepers)
-    if is_cluster(target) and wanted is not PodAction.TERMINATE:
-        raise commands.refuse_action(target, wanted)
-    ended = False
-    if ends_keepers and not isinstance(target, Member):
-        outcome = "down" if wanted is PodAction.TERMINATE else "stopped"
-        ended = end_keepers(client, target.name if target is not None else ref, _say, outcome=outcome)  # first
-        if ended:  # looked up again: a keeper ended mid-create made the pod (a replacement) after the first look
-            target = find_target(client, ref, missing_ok=True)
-    if target is None:
-        _nothing_there(ref, wanted, ended, as_json)
+    if wanted in (PodAction.TERMINATE, PodAction.STOP):  # the user's word: written, keepers ended, swept
+        from podguard.pods.keeper.down import down_or_stop  # lazy: the CLI loads a command's modules when it runs
+
+        down_or_stop(client, ref, wanted, as_json=as_json, say=_say, emit=emit)
         return
+    target = find_target(client, ref)
     if is_cluster(target):
-        commands.down(client, target, as_json=as_json)
-        return
+        raise commands.refuse_action(target, wanted)
     if isinstance(target, Member):
         result = commands.act_on_member(client, target, wanted)
     else:
+        assert target is not None
         result = act_on(client, target, wanted)
     _say(result.message)
     if wanted is PodAction.START and not isinstance(target, Member):
@@ -269,21 +283,6 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
 
 def _say(text: str) -> None:
     print(f"podguard: {text}", file=sys.stderr)
-
-
-def _nothing_there(ref: str, wanted: PodAction, ended: bool, as_json: bool) -> None:
-    """No pod or cluster of that name or id: `down` is done; `stop` is done when it ended a keeper, else 66."""
-    from podguard.pods.errors import ApiError, ApiErrorKind
-    from podguard.pods.model import PodAction
-
-    keeper = "; its keeper was ended" if ended else ""
-    if wanted is PodAction.STOP and not ended:
-        missing = f"no pod named {ref!r} or with that id, and no such cluster (see `podguard pod list`)"
-        raise ApiError(ApiErrorKind.NOT_FOUND, missing)
-    what = "nothing to take down" if wanted is PodAction.TERMINATE else "nothing to stop"
-    _say(f"no pod or cluster named {ref!r} or with that id: {what}{keeper}")
-    if as_json:
-        emit({"changed": ended, "terminated": wanted is PodAction.TERMINATE})
 
 
 @pod_app.command("stop")

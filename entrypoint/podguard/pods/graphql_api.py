@@ -281,7 +281,7 @@ def _status(d: dict[str, Any]) -> PodStatus:
         "PAUSED": PodStatus.EXITED,
         "DEAD": PodStatus.ERROR,
         "TERMINATED": PodStatus.TERMINATED,
-    }.get(desired, PodStatus.ERROR)
+    }.get(desired, PodStatus.UNKNOWN)
 
 
 def _env(raw: Any) -> dict[str, str]:

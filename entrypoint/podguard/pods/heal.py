@@ -22,6 +22,7 @@ from podguard.errors import ExitCode
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
+from podguard.pods.mark import Mark, mark_of, name_hash, owned, with_mark
 from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus, Volume
 from podguard.pods.placement import create_first_fit
 from podguard.pods.progress import Progress
@@ -55,19 +56,23 @@ class HealResult:
     lines: list[str] = field(default_factory=list)
 
 
-def replacement_request(pod: Pod, *, extra_env: Mapping[str, str] | None = None) -> PodRequest:
+def replacement_request(pod: Pod, *, extra_env: Mapping[str, str] | None = None, made_by: str = "heal") -> PodRequest:
     """A create request for an identical pod: same image, args, env, GPU, ports, network volume and name.
 
     A network volume pins the data centre (volumes live in one); host-local storage cannot move, so the
-    replacement gets an empty one of the same size."""
+    replacement gets an empty one of the same size. The replacement carries podguard's mark: the pod's own (a
+    replacement is still the keep's pod), or a new one for its name (`made_by`) when the pod had none."""
     volume = pod.volume
     if volume is not None and not volume.network:
         volume = Volume(path=volume.path, size_gb=volume.size_gb)
+    env = {**pod.env, **(extra_env or {})}
+    if mark_of(env) is None:
+        env = with_mark(env, Mark(name_hash(pod.name), made_by, "", pod.gpu.count if pod.gpu else None))
     return PodRequest(
         name=pod.name,
         image=pod.image,
         args=pod.args,
-        env={**pod.env, **(extra_env or {})},
+        env=env,
         ports=pod.port_specs,
         disk_gb=pod.disk_gb or 50,
         cloud=pod.cloud or "SECURE",
@@ -160,7 +165,9 @@ class _Ladder:
         self.progress.say(f"heal step 3: replace pod {sick.name} ({sick.id}) with an identical pod elsewhere")
         request = replacement_request(sick)
         try:
-            new = create_first_fit(self.api, [request], say=self.progress.say, exclude={sick.id})
+            new = create_first_fit(
+                self.api, [request], say=self.progress.say, exclude={sick.id}, mine=lambda p: owned(p, sick.name)
+            )
         except ApiError as exc:
             if exc.kind not in (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED):
                 raise

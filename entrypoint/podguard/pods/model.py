@@ -44,6 +44,7 @@ class PodStatus(StrEnum):
     EXITED = "EXITED"
     ERROR = "ERROR"
     TERMINATED = "TERMINATED"
+    UNKNOWN = "UNKNOWN"  # a status RunPod's spec does not list, or none at all: read again, never ERROR
 
 
 class PodAction(StrEnum):
@@ -60,6 +61,7 @@ _ALLOWED = {
     PodStatus.PROVISIONING: (PodAction.STOP, PodAction.TERMINATE),
     PodStatus.STARTING: (PodAction.STOP, PodAction.TERMINATE),
     PodStatus.TERMINATED: (),
+    PodStatus.UNKNOWN: (),
 }
 
 
@@ -126,6 +128,8 @@ class Pod:
     cluster_id: str | None = None  # an Instant Cluster member: REST v2's `cluster {id, rank, ip}`
     cluster_rank: int | None = None
     has_runtime: bool | None = None  # REST v2 `runtime` is an object (the container runs) or null; None: not told
+    container_uptime_s: int | None = None  # REST v2 `runtime.uptime`: seconds since the container started
+    status_text: str = ""  # the status as the API spelled it (differs from `status` only when that is UNKNOWN)
 
     def uptime_s(self, now: float | None = None) -> float | None:
         """Seconds running since its last start: None unless RUNNING with a start time in the API."""

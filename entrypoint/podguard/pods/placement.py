@@ -57,12 +57,14 @@ def create_first_fit(
     *,
     say: Callable[[str], None],
     exclude: Collection[str] = (),
+    mine: Callable[[Pod], bool] = lambda pod: True,
 ) -> Pod:
-    """Create the first candidate that has capacity. ApiError NO_CAPACITY (69) lists what was tried."""
+    """Create the first candidate that has capacity. ApiError NO_CAPACITY (69) lists what was tried. A lost answer
+    is looked up among the pods of the name that `mine` accepts (podguard's own: never a stranger of the name)."""
     return first_fit(
         candidates,
         api.create_pod,
-        lambda name: pods_named(api, name, exclude=exclude),
+        lambda name: [p for p in pods_named(api, name, exclude=exclude) if mine(p)],
         api.policy,
         say=say,
         kind="pod",

@@ -82,6 +82,14 @@ class RestApi:
             raise too_large(exc, payload, "pod") from None
         return parse_answer(pod_from_rest, body, "create pod")
 
+    def act_once(self, pod_id: str, action: PodAction) -> None:
+        """One attempt of `action`, not retried: the caller retries, and knows each attempt (a keeper leases each
+        start it sends: one whose answer was lost may still land)."""
+        if action is PodAction.TERMINATE:
+            self.transport.request("DELETE", path_of("v2", "pods", pod_id))
+            return
+        self.transport.request("POST", path_of("v2", "pods", pod_id, "action"), body={"action": str(action)})
+
     def act(self, pod_id: str, action: PodAction) -> Pod | None:
         what = f"{action} pod {pod_id}"
         if action is PodAction.TERMINATE:
@@ -189,10 +197,13 @@ def parse_answer(parse: Any, body: Any, what: str) -> Any:
 
 
 def _status(raw: Any) -> PodStatus:
+    """RunPod's status; one its spec does not list (`RESTARTING` for a moment) or none at all is UNKNOWN: a caller
+    reads again, it never takes it for ERROR."""
     try:
-        return PodStatus(str(raw).upper())
+        status = PodStatus(str(raw).upper()) if raw is not None else PodStatus.UNKNOWN
     except ValueError:
-        return PodStatus.ERROR
+        return PodStatus.UNKNOWN
+    return status
 
 
 def _ssh(ssh: Any) -> str | None:
@@ -251,7 +262,15 @@ def pod_from_rest(d: dict[str, Any]) -> Pod:
         cluster_id=str(cluster["id"]) if cluster.get("id") else None,
         cluster_rank=None if rank is None else int(rank),
         has_runtime=isinstance(d.get("runtime"), dict),
+        container_uptime_s=_uptime(d.get("runtime")),
+        status_text=str(d.get("status") or ""),
     )
+
+
+def _uptime(runtime: Any) -> int | None:
+    if not isinstance(runtime, dict) or not isinstance(runtime.get("uptime"), int | float):
+        return None
+    return int(runtime["uptime"])
 
 
 def mounts_body(volume: Volume | None) -> dict[str, Any] | None:

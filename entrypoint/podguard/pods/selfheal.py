@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.pods.mark import owned
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -312,8 +313,8 @@ def replace_pod(healer: Healer, code: int) -> int:
     try:
         api = _api()
         me = api.get_pod(cfg.pod_id)
-        request = replacement_request(me, extra_env={ENV_REPLACED_FROM: cfg.pod_id})
-        new = create_first_fit(api, [request], say=progress.say, exclude={cfg.pod_id})
+        request = replacement_request(me, extra_env={ENV_REPLACED_FROM: cfg.pod_id}, made_by="self-heal")
+        new = create_first_fit(api, [request], say=progress.say, exclude={cfg.pod_id}, mine=lambda p: owned(p, me.name))
         healer.note("replacement-created", new.id)
         tuning = Tuning.from_env()
         running = wait_status(

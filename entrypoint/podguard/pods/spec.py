@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from podguard.errors import UsageError
+from podguard.pods.checkpoint_env import checkpoints_env, store_of
 from podguard.pods.clusters.model import CLUSTER_TYPES, MAX_NODES, MIN_NODES, ClusterRequest, ClusterShape
 from podguard.pods.model import CpuInfo, GpuInfo, PodRequest, TemplateRequest, Volume
 
@@ -40,6 +41,7 @@ _TOP = {
     "network_volume",
     "env",
     "limits",
+    "checkpoints",
     "ready",
     "cluster",
 }
@@ -51,6 +53,7 @@ _TABLES = {
     "ready": {"timeout_s"},
     "limits": {"idle_stop", "max_runtime", "max_cost_usd", "hang_timeout", "restarts"},
     "cluster": {"nodes", "type"},
+    "checkpoints": {"dir", "store", "keep", "save_signal", "save_grace"},
 }
 _PORT = re.compile(r"^(\d{1,5})/(tcp|http)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -78,6 +81,11 @@ class PodSpec:
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 1800.0
     cluster: ClusterShape | None = None  # [cluster]: a RunPod Instant Cluster of `nodes` such pods
+
+    @property
+    def store(self) -> str:
+        """The checkpoint store its pods mirror to (`[checkpoints] store`, or `[env]`), "" when none."""
+        return store_of(self.env)
 
     def cluster_candidates(self) -> list[ClusterRequest]:
         """One cluster create attempt per (data centre, GPU type), in the spec's order; every node alike."""
@@ -247,7 +255,7 @@ def parse_spec(data: Mapping[str, Any], *, where: str = "spec") -> PodSpec:
         interruptible=interruptible,
         bid_per_gpu=bid,
         template=c.string(data, "template", "template", default=""),
-        env=_limits(c, data, _env(c, data)),
+        env=_checkpoints(c, data, _limits(c, data, _env(c, data))),
         ready_timeout_s=_ready(c, data),
     )
     from dataclasses import replace
@@ -335,6 +343,11 @@ def _limits(c: _Checker, data: Mapping[str, Any], env: dict[str, str]) -> dict[s
     from podguard.pods.limits import limits_env
 
     return {**env, **limits_env(c.table(data, "limits") or {}, env, where=c.where)}
+
+
+def _checkpoints(c: _Checker, data: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """[checkpoints]: the job's checkpoints and their store, passed as PODGUARD_* variables (pods/checkpoint_env.py)."""
+    return {**env, **checkpoints_env(c.table(data, "checkpoints") or {}, env, where=c.where)}
 
 
 def _ready(c: _Checker, data: Mapping[str, Any]) -> float:

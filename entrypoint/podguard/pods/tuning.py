@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 
 from podguard.errors import UsageError
 
-__all__ = ["Tuning"]
+__all__ = ["TUNING_ENV", "Tuning"]
 
 _ENV = {
     "poll_s": "PODGUARD_POD_POLL_S",
@@ -26,6 +26,7 @@ _ENV = {
     "restart_wait_s": "PODGUARD_SELF_HEAL_RESTART_WAIT_S",
     "restart_confirm_s": "PODGUARD_POD_RESTART_CONFIRM_S",
 }
+TUNING_ENV = _ENV  # field -> variable
 
 
 @dataclass(frozen=True)

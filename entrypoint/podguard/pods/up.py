@@ -3,7 +3,9 @@
     result = pod_up(api, spec, timeout_s=1800, wait=True, tuning=Tuning(), progress=Progress())
 
 An existing pod of that name is reused when it runs and started when it is stopped; otherwise the
-candidates are created in order (placement.py). Waiting is readiness.py's job.
+candidates are created in order (placement.py), carrying podguard's mark (mark.py). A pod of the name without the
+mark is the user's: refused (64, naming it), unless handed over with `adopt` (`--adopt POD_ID`). Waiting is
+readiness.py's job.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from podguard.errors import UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
+from podguard.pods.kinds import refuse_other_kind
+from podguard.pods.mark import marked_spec, owned, stranger_line
 from podguard.pods.model import Pod, PodAction, PodStatus
 from podguard.pods.placement import create_first_fit, pods_named
 from podguard.pods.progress import Progress
@@ -31,8 +35,30 @@ class UpResult:
     outcome: ReadyOutcome | None  # None with --no-wait
 
 
-def pod_up(api: PodApi, spec: PodSpec, *, timeout_s: float, wait: bool, tuning: Tuning, progress: Progress) -> UpResult:
-    existing = with_retry(lambda: pods_named(api, spec.name), api.policy, what=f"look up pod {spec.name}")
+def pod_up(
+    api: PodApi,
+    spec: PodSpec,
+    *,
+    timeout_s: float,
+    wait: bool,
+    tuning: Tuning,
+    progress: Progress,
+    adopt: tuple[str, ...] = (),
+) -> UpResult:
+    refuse_other_kind(api, spec)
+    named = with_retry(lambda: pods_named(api, spec.name), api.policy, what=f"look up pod {spec.name}")
+    for wanted in adopt:
+        if wanted not in {p.id for p in named}:
+            raise UsageError(f"--adopt {wanted}: no pod named {spec.name!r} has that id (see `podguard pod list`)")
+    theirs = [p for p in named if not owned(p, spec.name, adopt)]
+    if theirs:
+        raise UsageError(
+            f"{stranger_line(theirs[0])} is named {spec.name!r} but was not made by podguard (it has no podguard "
+            f"mark): `pod up` will not touch it. Give the spec another name, remove it (`podguard pod down "
+            f"{theirs[0].id}`), or hand it over: `podguard pod up --spec FILE --adopt {theirs[0].id}` (also the way "
+            "in for a pod an earlier podguard made)"
+        )
+    existing = named
     not_started_at: str | None = None
     if len(existing) > 1:
         ids = ", ".join(p.id for p in existing)
@@ -52,7 +78,8 @@ def pod_up(api: PodApi, spec: PodSpec, *, timeout_s: float, wait: bool, tuning: 
             progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: reusing it")
             action = "reused"
     else:
-        pod = create_first_fit(api, spec.candidates(), say=progress.say)
+        marked = marked_spec(spec, keep="up")
+        pod = create_first_fit(api, marked.candidates(), say=progress.say, mine=lambda p: owned(p, spec.name))
         progress.say(f"created pod {pod.name} ({pod.id})")
         action = "created"
     if not wait:

@@ -72,12 +72,20 @@ def _ready_extra(outcome: ClusterOutcome | None) -> dict[str, Any]:
 
 
 def up(
-    client: PodApi, spec: PodSpec, *, timeout_s: float, wait: bool, as_json: bool, tuning: Tuning, progress: Progress
+    client: PodApi,
+    spec: PodSpec,
+    *,
+    timeout_s: float,
+    wait: bool,
+    as_json: bool,
+    tuning: Tuning,
+    progress: Progress,
+    adopt: tuple[str, ...] = (),
 ) -> None:
     from podguard.pods.clusters.up import cluster_up
 
     api = cluster_api(client)
-    result = cluster_up(api, spec, timeout_s=timeout_s, wait=wait, tuning=tuning, progress=progress)
+    result = cluster_up(api, spec, timeout_s=timeout_s, wait=wait, tuning=tuning, progress=progress, adopt=adopt)
     progress.close()
     outcome = result.outcome
     members = outcome.members if outcome is not None else api.members(result.cluster.id)

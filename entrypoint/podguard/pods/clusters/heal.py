@@ -27,6 +27,7 @@ from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi, member_refused
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.heal import HealStep, StepRecord
+from podguard.pods.mark import Mark, mark_of, name_hash, with_mark
 from podguard.pods.model import PodAction, PodStatus
 from podguard.pods.progress import Progress
 from podguard.pods.tuning import Tuning
@@ -45,9 +46,13 @@ class ClusterHealResult:
 
 
 def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterRequest:
-    """The same cluster again: shape from the cluster, container config and volume from its primary node."""
+    """The same cluster again: shape from the cluster, container config and volume from its primary node; podguard's
+    mark kept (the cluster's own), or given (one for its name) when it had none: podguard made the new one."""
     model = next((m for m in members if m.rank == 0), members[0]).pod
     volume = model.volume
+    env = dict(model.env)
+    if mark_of(env) is None:
+        env = with_mark(env, Mark(name_hash(cluster.name), "heal", "", cluster.gpu.count))
     return ClusterRequest(
         name=cluster.name,
         type=cluster.type,
@@ -55,7 +60,7 @@ def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterReque
         gpu=cluster.gpu,
         nodes=cluster.nodes,
         args=model.args,
-        env=dict(model.env),
+        env=env,
         ports=model.port_specs,
         disk_gb=model.disk_gb or 50,
         data_center=cluster.data_center if volume is not None and volume.network else None,

@@ -17,6 +17,8 @@ from podguard.pods.clusters.model import Cluster
 from podguard.pods.clusters.placement import clusters_named, create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.kinds import refuse_other_kind
+from podguard.pods.mark import marked_spec, owned
 from podguard.pods.progress import Progress
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
@@ -50,7 +52,14 @@ def guards_on(env: Mapping[str, str]) -> list[str]:
 
 
 def cluster_up(
-    api: ClusterApi, spec: PodSpec, *, timeout_s: float, wait: bool, tuning: Tuning, progress: Progress
+    api: ClusterApi,
+    spec: PodSpec,
+    *,
+    timeout_s: float,
+    wait: bool,
+    tuning: Tuning,
+    progress: Progress,
+    adopt: tuple[str, ...] = (),
 ) -> ClusterUpResult:
     assert spec.cluster is not None
     if guards_on(spec.env):
@@ -59,7 +68,20 @@ def cluster_up(
             f"(all {spec.cluster.nodes} nodes; member pods cannot be stopped and a cluster has no stop; network "
             "volumes stay), and --max-cost counts every node's spend"
         )
+    refuse_other_kind(api.pods, spec)
     existing = with_retry(lambda: clusters_named(api, spec.name), api.policy, what=f"look up cluster {spec.name}")
+    for wanted in adopt:
+        if wanted not in {c.id for c in existing}:
+            raise UsageError(f"--adopt {wanted}: no cluster named {spec.name!r} has that id (see `podguard pod list`)")
+    for cluster in existing:
+        members = api.members(cluster.id)
+        if cluster.id not in adopt and members and not all(owned(m.pod, spec.name) for m in members):
+            raise UsageError(
+                f"cluster {cluster.id} ({cluster.summary()}) is named {spec.name!r} but was not made by podguard (its "
+                f"pods have no podguard mark): `pod up` will not touch it. Give the spec another name, remove it "
+                f"(`podguard pod down {cluster.id}`), or hand it over: `podguard pod up --spec FILE --adopt "
+                f"{cluster.id}`"
+            )
     if len(existing) > 1:
         ids = ", ".join(c.id for c in existing)
         raise UsageError(f"{len(existing)} clusters are named {spec.name!r} ({ids}); take the extra ones down first")
@@ -73,7 +95,8 @@ def cluster_up(
         progress.say(f"cluster {cluster.name} ({cluster.id}) exists ({cluster.summary()}): reusing it")
         action = "reused"
     else:
-        cluster = create_cluster_first_fit(api, spec.cluster_candidates(), say=progress.say)
+        marked = marked_spec(spec, keep="up")
+        cluster = create_cluster_first_fit(api, marked.cluster_candidates(), say=progress.say)
         progress.say(f"created cluster {cluster.name} ({cluster.id}): {cluster.nodes} nodes")
         action = "created"
     if not wait:

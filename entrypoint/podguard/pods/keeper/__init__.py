@@ -1,18 +1,32 @@
-"""`podguard pod keep`: keep a job alive from outside its pod (PRODUCT.md, "Keeping a job alive from outside").
+"""`podguard pod keep`: keep a job alive from outside its pod, as a reconciler (docs/running-pods.md, "Keeping a job
+alive overnight" and "How the keeper decides").
 
-    lines.py    podguard's own lines in the pod's log (verdict, END, RESTART, guard) as cues
-    decide.py   what to do from the status and the cues: wait, start, replace, finish (pure)
-    target.py   a pod or a cluster behind one interface, on the pod/cluster layers `pod up`/`heal` use
-    loop.py     the loop: one status request per poll, one log stream per node, each step recorded first
-    recovery.py starts and replacements (the name looked up before any create: adopted, never duplicated)
-    ending.py   the end: the decision recorded first, "done" only once the stop is confirmed
-    twins.py    several pods (clusters) of one name: which one stays
-    record.py   the state file (resumable), the event record, one keeper per name
-    events.py   a terminal line, a record and a webhook per event
-    notify.py   `--notify`: Slack/Discord-compatible JSON posts, never the key
-    deploy.py   `--deploy`: the keeper as a CPU pod; `pod status`/`pod down` of a kept pod
-    options.py  the options and tuning knobs, checked before any request
-    command.py  the command's body (cli/pods.py stays thin)
+The rules (pure, no I/O; mutation-tested):
+    converge.py     of one listing of the name, the one pod (cluster) kept; surplus, strangers, unknown, missing
+    decide.py       what to do with the one kept, from its status and podguard's lines: wait, start, replace, finish
+    intent.py       the user's word (kept / down / stopped / done) and its generations: who may act
+    spec_change.py  what changed in the spec since a pod was made from it, in words
+    lines.py        podguard's own lines in the pod's log (verdict, END, RESTART, guard) as cues
 
-Design and user guide: docs/running-pods.md ("Keeping a job alive overnight").
+The keeper:
+    loop.py         the loop: one listing per poll, one log stream per node; ends on a newer word of the user
+    reconcile.py    each poll's first step: strangers named, surplus terminated, the one kept adopted, the first create
+    recovery.py     starts and replacements (remove, then create; one of its own made meanwhile is adopted)
+    ending.py       the end: recorded first, `done` only once the stop reads back, then `done` in the record
+    target.py       a pod behind one interface (cluster_target.py: a cluster), each poll one listing of the name
+    actuate.py      the hands: every create, start, stop, terminate fenced and read back; creates and starts leased
+    fence.py        the user's word read again before every action; leases for `pod down`
+    intent_store.py where the word lives: a RunPod template per name, the one place every actor can read
+    registry.py     the keepers on this machine, whatever their HOME: locks that prove a pid, leases of creates
+    record.py       the local state (resumable, never the truth) and the event record
+    events.py       a terminal line, a record and a webhook per event; notify.py: `--notify`
+
+Around it:
+    command.py      the command's body: checks, one keeper per machine, the claim, the keeper, its end
+    claim.py        before a keep begins: strangers, a kind change, a keeper pod alive or lost, the word written
+    deploy.py       `--deploy`: the keeper as a CPU pod; who keeps a name (`pod status`)
+    sweep.py        `pod down` / `pod stop`: the word, every keeper ended, a sweep until nothing can bill
+    down.py         which pod (cluster) `pod down REF` / `pod stop REF` names, and what is said
+    options.py      the options and tuning knobs, checked before any request
+    interrupt.py    SIGTERM/SIGHUP as an interruption, held while a create (start) is in flight
 """

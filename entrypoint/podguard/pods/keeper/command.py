@@ -1,14 +1,19 @@
-"""The body of `podguard pod keep`; cli/pods.py parses the options and calls `keep`.
+"""The body of `podguard pod keep`; cli/pod_recovery.py parses the options and calls `keep`.
 
     code = keep(KeepRequest(spec_file=Path("runpod/pod.toml"), poll=30, max_recoveries=5, ...), open_client)
 
-Everything that can be checked is checked before the first request (64 naming the value). `--deploy` makes
-the keeper pod and returns; otherwise the keeper runs here until the job is over and its exit code is the
-command's (0 success, 124 guard, the job's own code, 69 a replacement would lose data, 75 gave up).
+Everything that can be checked is checked before the first request (64 naming the value). `--deploy` makes (or
+reuses) the keeper pod and returns; otherwise the keeper runs here until the job is over and its exit code is the
+command's (0 success, 124 guard, the job's own code, 1 a crash loop, 69 a replacement would lose data, 75 gave up;
+0 when the user's newer word ended it). Before it begins: one keeper of the name per machine (registry.py), a pod
+of the name without podguard's mark is refused unless adopted, a kind change is refused, a keeper pod that is alive
+is refused and a lost one taken over (claim.py); then the keep's word is written (a laptop) or read (a keeper pod).
 
-Inside a keeper pod (PODGUARD_KEEPER_OF set) an error that no retry fixes, at start-up too (a bad
-PODGUARD_POLL, an unfilled secret, a bad spec: 64; a refused key: 77), stops the keeper's own pod, or parks
-when not even that works: RunPod restarts a container that exits, so exiting would be a crash loop.
+Inside a keeper pod (PODGUARD_KEEPER_OF set) every way out but a transient 75 (an error no retry fixes, at start-up
+too: a bad PODGUARD_POLL, an unfilled secret, a bad spec: 64; a refused key: 77; any unexpected exception) stops the
+keeper's own pod, or parks when not even that works: RunPod restarts a container that exits, so exiting would be a
+crash loop. A keeper pod whose keep is over terminates its own pod, after its end message was delivered (or its
+deadline passed).
 """
 
 from __future__ import annotations
@@ -16,21 +21,34 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from podguard.errors import ExitCode, PodguardError, UsageError
-
-if TYPE_CHECKING:
-    from podguard.pods.api import PodApi
-    from podguard.pods.keeper.events import Events
-    from podguard.pods.keeper.loop import KeepResult
-    from podguard.pods.keeper.options import KeepOptions
-    from podguard.pods.keeper.record import KeepStore
-    from podguard.pods.keeper.target import Target
-    from podguard.pods.spec import PodSpec
+from podguard.pods.api import PodApi
+from podguard.pods.auth import load_api_key
+from podguard.pods.clusters.rest import cluster_api
+from podguard.pods.keeper.actuate import Actuator
+from podguard.pods.keeper.claim import KeepOver, claim_here, claim_inside, deploy, refuse_strangers
+from podguard.pods.keeper.cluster_target import ClusterTarget
+from podguard.pods.keeper.deploy import ENV_KEEPER_OF, ENV_SPEC_B64, end_own_pod, keeper_spec, spec_from_env
+from podguard.pods.keeper.events import Events
+from podguard.pods.keeper.fence import Fence
+from podguard.pods.keeper.intent import Intent, Word
+from podguard.pods.keeper.intent_store import IntentStore
+from podguard.pods.keeper.loop import Keeper, KeepResult
+from podguard.pods.keeper.notify import Notifier, check_notify_url, is_secret_reference
+from podguard.pods.keeper.options import KNOBS, KeepOptions, check_key_secret, keep_options
+from podguard.pods.keeper.record import KeepState, KeepStore
+from podguard.pods.keeper.registry import Refused, Unregistered, register
+from podguard.pods.keeper.target import PodTarget, Target
+from podguard.pods.kinds import refuse_other_kind
+from podguard.pods.model import public_view
+from podguard.pods.spec import PodSpec, load_spec
+from podguard.pods.tuning import Tuning
 
 __all__ = ["KeepRequest", "keep"]
 
@@ -44,12 +62,10 @@ class KeepRequest:
     deploy: bool
     key_secret: str | None
     as_json: bool
+    adopt: tuple[str, ...] = ()  # --adopt POD_ID: pods (clusters) of the name without the mark, handed over
 
 
 def _spec(request: KeepRequest) -> tuple[PodSpec, bytes]:
-    from podguard.pods.keeper.deploy import ENV_SPEC_B64, spec_from_env
-    from podguard.pods.spec import load_spec
-
     if request.spec_file is not None:
         spec = load_spec(request.spec_file)
         return spec, request.spec_file.read_bytes()
@@ -63,23 +79,22 @@ def _spec(request: KeepRequest) -> tuple[PodSpec, bytes]:
 
 def keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi]) -> int:
     """Check everything, then deploy the keeper pod or keep the job alive from here; the exit code."""
-    from podguard.pods.keeper.deploy import ENV_KEEPER_OF
-
     if request.deploy or not os.environ.get(ENV_KEEPER_OF, "").strip():
         return _keep(request, open_client)
-    try:  # inside a keeper pod
+    try:  # inside a keeper pod: every way out but a transient one stops this pod
         return _keep(request, open_client)
     except PodguardError as exc:
         if exc.code != ExitCode.GPUS_BUSY:  # 75 may pass when RunPod restarts the container; the rest do not
             _cannot_go_on(exc, open_client)
         raise
+    except Exception as exc:  # the keeper's own fault must not leave its pod crash-looping: stopped, like an error
+        failure = PodguardError(f"unexpected {type(exc).__name__}: {exc}", ExitCode.FAILURE)
+        _cannot_go_on(failure, open_client)
+        raise
 
 
 def _cannot_go_on(exc: PodguardError, open_client: Callable[[PodSpec | None], PodApi]) -> None:
     """Inside a keeper pod: stop it (its logs keep the reason), else park; never a crash loop."""
-    from podguard.pods.keeper.deploy import end_own_pod
-    from podguard.pods.keeper.options import KNOBS, KeepOptions
-
     _say(f"error: {exc.message} (exit {int(exc.code)})")
     try:
         stopped = end_own_pod(open_client(None), _say, failed=exc.message)
@@ -94,10 +109,6 @@ def _cannot_go_on(exc: PodguardError, open_client: Callable[[PodSpec | None], Po
 
 
 def _keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi]) -> int:
-    from podguard.pods.keeper.deploy import ENV_KEEPER_OF
-    from podguard.pods.keeper.notify import check_notify_url, is_secret_reference
-    from podguard.pods.keeper.options import check_key_secret, keep_options
-
     options = keep_options(poll=request.poll, max_recoveries=request.max_recoveries)
     if request.key_secret is not None and not request.deploy:
         raise UsageError(f"--key-secret {request.key_secret!r} applies only with --deploy (the keeper pod's key)")
@@ -109,6 +120,9 @@ def _keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi])
     notify = check_notify_url(request.notify, deployed=request.deploy) if request.notify is not None else None
     if notify is not None and not request.deploy and notify.startswith("{{"):
         raise UsageError("--notify: a RunPod secret reference only works inside a keeper pod (--deploy)")
+    for pod_id in request.adopt:
+        if not pod_id.strip() or any(c.isspace() for c in pod_id):
+            raise UsageError(f"--adopt {pod_id!r} is not valid; expected the id of a pod (cluster) of the spec's name")
     spec, spec_text = _spec(request)
     inside = os.environ.get(ENV_KEEPER_OF, "").strip()
     if inside and inside != spec.name:
@@ -130,31 +144,52 @@ def _say(text: str) -> None:
     print(f"podguard: {text}", file=sys.stderr, flush=True)
 
 
+def _refused(name: str, refused: Refused) -> UsageError:
+    entry = refused.entry
+    return UsageError(
+        f"pod {name} is kept already by another `podguard pod keep` on this machine ({entry.where()}); one keeper "
+        "per pod: end it first (`podguard pod stop` or `pod down` ends every keeper of the name)"
+    )
+
+
 def _deploy(
     request: KeepRequest, options: KeepOptions, spec: PodSpec, spec_text: bytes, secret: str, client: PodApi
 ) -> int:
-    from podguard.pods.keeper.deploy import deploy_keeper, keeper_spec
-    from podguard.pods.keeper.record import KeepStore
+    local = register(spec.name, poll_s=options.poll_s)  # a moment's claim: no keeper of the name here meanwhile
+    if isinstance(local, Refused):
+        raise _refused(spec.name, local)
+    try:
+        refuse_strangers(client, spec, adopt=request.adopt)
+        refuse_other_kind(client, spec)
 
-    pid = KeepStore.open(spec.name).holder()
-    if pid:
-        raise UsageError(f"pod {spec.name} is kept from this machine already (pid {pid}); end that keeper first")
-    keeper = keeper_spec(
-        spec,
-        spec_text,
-        key_secret=secret,
-        poll=options.poll_s,
-        max_recoveries=options.max_recoveries,
-        notify=request.notify,
-    )
-    pod, action = deploy_keeper(client, keeper, say=_say)
+        def make_keeper(gen: int, keep_id: str) -> PodSpec:
+            return keeper_spec(
+                spec,
+                spec_text,
+                key_secret=secret,
+                poll=options.poll_s,
+                max_recoveries=options.max_recoveries,
+                notify=request.notify,
+                gen=gen,
+                keep_id=keep_id,
+            )
+
+        tuning = Tuning.from_env()
+        pod, action = deploy(client, spec, make_keeper, adopt=request.adopt, say=_say, poll_s=tuning.poll_s)
+    finally:
+        local.close()
+    if action == "reused":
+        running = pod.env.get(ENV_SPEC_B64)
+        if running is not None and running != make_keeper(0, "").env[ENV_SPEC_B64]:
+            _say(
+                f"note: keeper pod {pod.name} keeps an older version of the spec; `podguard pod down {spec.name}` "
+                "and deploy again to change it"
+            )
     _say(
         f"keeper pod {pod.name} ({pod.id}) {action}: it keeps {spec.name} with the key from RunPod secret {secret!r}; "
         f"`podguard pod logs {pod.name} --follow` shows its lines; `podguard pod down {spec.name}` ends both"
     )
     if request.as_json:
-        from podguard.pods.model import public_view
-
         _emit({**public_view(pod), "action": action, "keeps": spec.name, "key_secret": secret})
     else:
         print(f"{pod.id}  {pod.name}  {pod.status}  keeps {spec.name}")
@@ -170,54 +205,89 @@ def _keep_here(
     *,
     deployed: bool,
 ) -> int:
-    from podguard.pods.auth import load_api_key
-    from podguard.pods.keeper.deploy import end_own_pod, keeper_name
-    from podguard.pods.keeper.events import Events
-    from podguard.pods.keeper.loop import Keeper
-    from podguard.pods.keeper.notify import Notifier
-    from podguard.pods.keeper.record import KeepStore
-    from podguard.pods.placement import pods_named
-
     client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
     scrub = load_api_key().scrub
-    store = KeepStore.open(spec.name)
-    if not store.lock():
-        pid = store.holder()
-        raise UsageError(
-            f"pod {spec.name} is kept already by another `podguard pod keep` on this machine"
-            + (f" (pid {pid})" if pid else "")
-            + "; one keeper per pod"
+    tuning = Tuning.from_env()
+    local = register(spec.name, poll_s=options.poll_s, state_dir=str(os.environ.get("PODGUARD_STATE_DIR", "")))
+    if isinstance(local, Refused):
+        raise _refused(spec.name, local)
+    if isinstance(local, Unregistered):
+        _say(
+            f"warning: the keepers' registry cannot be used ({local.why}): `pod down` on this machine reaches this "
+            "keeper through the keep's record only (before its next action), and cannot wait for a create in flight"
         )
+    store = KeepStore.open(spec.name, warn=_say)
+    if not store.lock():
+        local.close()
+        raise UsageError(f"pod {spec.name} is kept already by another `podguard pod keep` with this state dir")
     notifier = Notifier(notify, scrub=scrub, warn=_say, deadline_s=options.notify_s) if notify else None
     events = Events(spec.name, store, notifier=notifier, scrub=scrub)
     try:
-        saved = store.load()
-        if deployed and saved is not None and saved.done:
-            events.say("end", f"this keeper finished before ({saved.outcome}, exit {saved.code})")
-            end_own_pod(client, events.note)
-            return saved.code if saved.code is not None else ExitCode.OK
-        if not deployed:
-            keepers = pods_named(client, keeper_name(spec.name))
-            if keepers:
-                raise UsageError(
-                    f"pod {spec.name} is kept by the keeper pod {keepers[0].name} ({keepers[0].id}); "
-                    f"`podguard pod down {keepers[0].name}` first to keep it from here"
-                )
+        previous = None
+        if deployed:
+            try:
+                mine = previous = claim_inside(client, spec, os.environ)
+            except KeepOver as over:
+                events.say("end", f"the keep this keeper pod was made for is over: {over.why}")
+                events.close()  # its message first: then the pod that would deliver it goes
+                end_own_pod(client, events.note)
+                return ExitCode.OK
+            refuse_other_kind(client, spec)
+        else:
+            refuse_other_kind(client, spec)
+            mine, previous = _claim(client, spec, store, request, events, tuning)
         _notes(spec, events)
-        target = _target(client, spec, options)
+        fence = Fence(
+            IntentStore(client, spec.name),
+            mine,
+            on_lease=local.lease,
+            on_release=local.release,
+            pending=local.pending,
+            land_s=options.land_s,
+        )
+        hands = Actuator(client, fence, tuning, confirm_s=options.confirm_s)
+        target = _target(client, spec, options, tuning, keep_id=mine.keep)
         try:
-            result = Keeper(target, store, options, events, spec=spec).run()
+            keeper = Keeper(target, store, options, events, spec=spec, hands=hands, fence=fence, previous=previous)
+            result = keeper.run()
         except PodguardError as exc:
             if deployed and exc.code != ExitCode.GPUS_BUSY:
                 events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")  # keep() stops this pod
             raise
         _summary(request, spec, result, store)
         if deployed and result.outcome != "interrupted":
+            events.close()  # the end message is delivered (or its deadline passed) before this pod goes
             end_own_pod(client, events.note)
         return result.code
     finally:
         events.close()
         store.unlock()
+        local.close()
+
+
+def _claim(
+    client: PodApi, spec: PodSpec, store: KeepStore, request: KeepRequest, events: Events, tuning: Tuning
+) -> tuple[Intent, Intent | None]:
+    """A laptop keep's word: the one in the record when this state dir's keep is under way there (a keeper killed
+    and started again: no new generation, and a pod of the name without the mark that appeared meanwhile is left
+    alone); else a new keep: strangers refused, a new `kept` written (its identity noted in the state first)."""
+    saved = store.load()
+    current = IntentStore(client, spec.name).read()
+    under_way = saved is not None and not saved.done and current is not None and current.word is Word.KEPT
+    if under_way and saved is not None and current is not None and saved.owns(current.keep):
+        return current, current
+    refuse_strangers(client, spec, adopt=request.adopt)
+    state = saved if saved is not None and not saved.done else KeepState(name=spec.name, kind=_kind(spec))
+
+    def note(keep_id: str) -> None:
+        state.claiming = keep_id
+        store.save(state)
+
+    return claim_here(client, spec, adopt=request.adopt, say=events.note, poll_s=tuning.poll_s, claiming=note)
+
+
+def _kind(spec: PodSpec) -> str:
+    return "cluster" if spec.cluster is not None else "pod"
 
 
 def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
@@ -227,8 +297,6 @@ def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
     nothing to poll for: no request can succeed, and a signal (RunPod's stop) ends the wait."""
     if stopped:
         return
-    import time
-
     _say(
         f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait_s:g} s before exiting (RunPod "
         "restarts it then): fix the secret and `podguard pod keep --deploy` again, or `podguard pod down` the keeper"
@@ -237,23 +305,18 @@ def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
 
 
 def _notes(spec: PodSpec, events: Events) -> None:
-    if spec.volume is None or not spec.volume.network:
+    if (spec.volume is None or not spec.volume.network) and not spec.store:
         events.note(
-            "note: the spec has no [network_volume]: a stopped pod is started again, but a replacement (host lost, "
-            "ERROR, a preflight that keeps failing) would lose the pod's data, so keep would refuse it (exit 69)"
+            "note: the spec has no [network_volume] and no [checkpoints] store: a stopped pod is started again, but a "
+            "replacement (host lost, ERROR, a preflight that keeps failing) would lose the pod's data, so keep would "
+            "refuse it (exit 69)"
         )
 
 
-def _target(client: PodApi, spec: PodSpec, options: KeepOptions) -> Target:
-    from podguard.pods.keeper.target import ClusterTarget, PodTarget
-    from podguard.pods.tuning import Tuning
-
-    tuning = Tuning.from_env()
+def _target(client: PodApi, spec: PodSpec, options: KeepOptions, tuning: Tuning, *, keep_id: str) -> Target:
     if spec.cluster is not None:
-        from podguard.pods.clusters.rest import cluster_api
-
-        return ClusterTarget(cluster_api(client), spec, tuning, options.silence_s)
-    return PodTarget(client, spec, tuning)
+        return ClusterTarget(cluster_api(client), spec, tuning, options.silence_s, keep_id=keep_id)
+    return PodTarget(client, spec, tuning, keep_id=keep_id)
 
 
 def _summary(request: KeepRequest, spec: PodSpec, result: KeepResult, store: KeepStore) -> None:

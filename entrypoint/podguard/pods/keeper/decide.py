@@ -5,15 +5,18 @@
     decision = decide(Observed(PodStatus.EXITED, {0: NodeState(PodStatus.EXITED, None)}), view, now=..., ...)
     decision.act, decision.reason                           # Act.START, "EXITED without an outcome"
 
-The contract (PRODUCT.md, "Keeping a job alive from outside"): an outcome in the lines is respected (success,
+The rules (docs/running-pods.md, "What it does"): an outcome in the lines is respected (success,
 a billing guard, the job's own failure); otherwise what broke is recovered: EXITED -> start; ERROR, gone, a
 node lost, a pod seen running its container that is now without a runtime and silent for the silence window, a
 pod that never got its container within `[ready] timeout_s` (a slow image pull is not a lost host), a pod that
-RunPod started with fewer GPUs than the spec (a resumed pod may come back with none: its preflight ends 69), a
-preflight that did not pass on SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A cluster
-is never started, only replaced whole. Decisions taken from the status alone are marked `settle`: the caller
-first reads what is still in flight on the log stream (an END line printed just before the pod stopped), then
-decides again.
+RunPod started with fewer GPUs than it was made with (a resumed pod may come back with none: its preflight ends
+69), a preflight that did not pass on SICK_STARTS starts in a row, a GPU fault that ended the job -> replace. A
+container that prints lines but never podguard's preflight line within `[ready] timeout_s`, or that starts again
+CRASH_RESTARTS times within CRASH_WINDOW_S (each preflight line not announced by an in-pod RESTART line is a
+container start), crash-loops: the job's failure (finish: stop it). A status the keeper does not know is read
+again, never taken for ERROR. A cluster is never started, only replaced whole. Decisions taken from the status
+alone are marked `settle`: the caller first reads what is still in flight on the log stream (an END line printed
+just before the pod stopped), then decides again.
 """
 
 from __future__ import annotations
@@ -27,9 +30,23 @@ from podguard.errors import ExitCode
 from podguard.pods.keeper.lines import Cue, CueKind
 from podguard.pods.model import PodStatus
 
-__all__ = ["SICK_STARTS", "Act", "Decision", "JobView", "NodeState", "NodeView", "Observed", "Outcome", "decide"]
+__all__ = [
+    "CRASH_RESTARTS",
+    "CRASH_WINDOW_S",
+    "SICK_STARTS",
+    "Act",
+    "Decision",
+    "JobView",
+    "NodeState",
+    "NodeView",
+    "Observed",
+    "Outcome",
+    "decide",
+]
 
 SICK_STARTS = 3  # a preflight that did not pass on this many starts in a row: the machine, not the job
+CRASH_RESTARTS = 5  # the container started again (after its first start) this many times ...
+CRASH_WINDOW_S = 600.0  # ... within this long, without the keeper starting it: a crash loop
 
 
 class Act(StrEnum):
@@ -43,6 +60,7 @@ class Outcome(StrEnum):
     SUCCESS = "success"  # stop the pod (delete the cluster), exit 0
     GUARD = "guard"  # an in-pod billing guard ended it: nothing restarted, exit 124
     FAILED = "failed"  # the job's own failure on a healthy pod: stop it, exit the job's code
+    CRASH_LOOP = "crash-loop"  # the container restarts without running the job: the job's failure, stop it, exit 1
 
 
 @dataclass
@@ -53,7 +71,11 @@ class NodeView:
     passed: bool = False  # the newest verdict was PASS
     gpu_fault: bool = False  # an END gpu-fault: the machine failed the job
     ran: bool = False  # seen running its container (a runtime, or a line) since the last start
+    lines: bool = False  # a line of its log came since the last start (its container prints)
     short: bool = False  # the preflight found fewer GPUs than it needs (END preflight exit 69): the host's
+    preflight: bool = False  # podguard's preflight line came since the last start: the container runs podguard
+    boots: list[float] = field(default_factory=list)  # container starts seen (preflight lines no RESTART announced)
+    announced: bool = False  # a RESTART line came: the next preflight line is an in-pod relaunch, not a boot
 
 
 @dataclass
@@ -71,22 +93,26 @@ class JobView:
     def node(self, rank: int) -> NodeView:
         return self.nodes.setdefault(rank, NodeView())
 
-    def take(self, rank: int, cue: Cue) -> str | None:
-        """Apply one cue; return what it means in words when it is worth an event, else None."""
+    def take(self, rank: int, cue: Cue, now: float = 0.0) -> str | None:
+        """Apply one cue (seen at `now`, monotonic); return what it means in words when it is worth an event."""
         node = self.node(rank)
         if cue.kind is CueKind.VERDICT:
             node.passed = cue.word == "PASS"
             node.streak = 0 if node.passed else node.streak + 1
+            node.preflight = True
+            if not node.announced:
+                node.boots.append(now)
+            node.announced = False
             if node.passed:
                 return "preflight PASS: the job runs"
             return f"preflight {cue.word} ({node.streak} start(s) in a row)"
         if cue.kind is CueKind.RESTART:
+            node.announced = True
             return f"in-pod restart {cue.word} (the job relaunches itself; not the end)"
         if cue.kind is CueKind.GUARD:
             self.guard_seen = True
             return f"billing guard {cue.word} fired in the pod"
-        assert cue.kind is CueKind.END and cue.code is not None
-        return self._end(rank, node, cue.word, cue.code, cue.line)
+        return self._end(rank, node, cue.word, cue.code or 0, cue.line)  # an END line (lines.py gives it a code)
 
     def _end(self, rank: int, node: NodeView, kind: str, code: int, line: str) -> str | None:
         self.ended.add(rank)
@@ -95,7 +121,6 @@ class JobView:
         if kind == "signal":
             return f"the job was ended from outside (exit {code}): not an outcome"
         if kind == "guard":
-            self.guard_seen = True
             self._set(Outcome.GUARD, ExitCode.BILLING_GUARD, line)
             return "END guard: a billing guard ended the job"
         if kind == "gpu-fault":
@@ -127,8 +152,9 @@ class JobView:
         self.outcome, self.code, self.detail = None, 0, ""
         self.ended.clear()
         for node in self.nodes.values():
-            node.gpu_fault = node.short = node.ran = False
-            node.passed = False
+            node.gpu_fault = node.short = node.ran = node.lines = False
+            node.passed = node.preflight = node.announced = False
+            node.boots.clear()
             if replaced:
                 node.streak = 0
 
@@ -155,6 +181,7 @@ class Decision:
     act: Act
     reason: str = ""
     settle: bool = False  # taken from the status alone: read the stream's last lines, then decide again
+    detail: str = ""  # a crash loop: what was seen, in words
 
 
 _STOPPED = (PodStatus.EXITED, PodStatus.ERROR, PodStatus.TERMINATED)
@@ -195,6 +222,17 @@ def decide(
         return Decision(
             Act.REPLACE, f"the preflight did not pass on {SICK_STARTS} starts in a row on {_named(sick, observed)}"
         )
+    restarts = {r: sum(now - t <= CRASH_WINDOW_S for t in n.boots) - 1 for r, n in view.nodes.items()}
+    looping = sorted(r for r, count in restarts.items() if count >= CRASH_RESTARTS)
+    if looping:
+        return Decision(
+            Act.FINISH,
+            Outcome.CRASH_LOOP.value,
+            detail=f"the container of {_named(looping, observed)} started again {max(restarts.values())} times "
+            f"within {format_duration(CRASH_WINDOW_S)} without the keeper starting it: it crash-loops",
+        )
+    if observed.status is PodStatus.UNKNOWN:
+        return Decision(Act.WAIT, "its status is not one the keeper knows: read again")
     if observed.status is None or observed.status is PodStatus.TERMINATED:
         if view.guard_seen:
             return Decision(Act.FINISH, Outcome.GUARD.value, settle=True)
@@ -227,6 +265,15 @@ def decide(
             f"{_named(silent, observed)} (its host is lost)",
         )
     if booting_since is not None and now - booting_since >= ready_s:
+        looped = _no_preflight(observed, view)
+        if looped:
+            return Decision(
+                Act.FINISH,
+                Outcome.CRASH_LOOP.value,
+                detail=f"the container of {_named(looped, observed)} runs but podguard's preflight line did not come "
+                f"within {format_duration(ready_s)} ([ready] timeout_s): it crash-loops (an exec error, a missing "
+                "entrypoint) or is not running podguard",
+            )
         late = _not_started(observed, view)
         if late:
             return Decision(
@@ -237,11 +284,20 @@ def decide(
     return Decision(Act.WAIT)
 
 
+def _no_preflight(observed: Observed, view: JobView) -> list[int]:
+    """The nodes meant to run whose container printed lines, but never podguard's preflight line."""
+    return sorted(
+        rank
+        for rank, node in observed.nodes.items()
+        if node.status in _MEANT_TO_RUN and view.node(rank).lines and not view.node(rank).preflight
+    )
+
+
 def _not_started(observed: Observed, view: JobView) -> dict[int, str]:
     """The nodes meant to run that never ran their container since the last start, with their status in words."""
     late: dict[int, str] = {}
     for rank, node in observed.nodes.items():
-        if node.status not in _MEANT_TO_RUN or view.node(rank).ran or node.has_runtime:
+        if node.status not in _MEANT_TO_RUN or view.node(rank).ran or node.has_runtime or view.node(rank).preflight:
             continue
         if node.status is PodStatus.RUNNING and node.has_runtime is None:
             continue  # not known (a cluster's members are listed only now and then)

@@ -1,46 +1,54 @@
 """`pod keep --deploy`: the keeper itself as a small CPU pod on RunPod, so it outlives a laptop.
 
-    pod, action = deploy_keeper(api, spec, spec_text, key_secret="runpod_api_key", poll=30, ...)
-    kept_by(api, "llm-train")           # "llm-train-keeper" (a keeper pod), "pid 4242 on this machine", or None
-    end_keepers(api, "llm-train", say)  # `pod down`/`pod stop` end the keepers first (also with no pod of the name)
-    say_unkept(api, "llm-train", say)   # `pod start` of a pod whose keeper `pod stop` ended: how to keep it again
+    keeper = keeper_spec(spec, spec_text, key_secret="runpod_api_key", poll=30, max_recoveries=5, notify=None,
+                         gen=7, keep_id="k7-3fa9c2")
+    pod, action = deploy_keeper(api, spec, keeper_for=lambda gen, kid: keeper, say=print)
+    found = keeper_pods(api, "llm-train")        # the keeper pods of the name: podguard's (marked), and strangers
+    who = kept_by(api, "llm-train")              # Kept: the keeper pod (alive or lost) and the keepers on this machine
 
-The keeper pod is `<name>-keeper`: the spec's image, a CPU pod, args `pod keep`, idempotent by its name (it is
-made with `pod up`'s own code). What it needs travels in its environment:
-- the API key only as a RunPod secret reference, `{{ RUNPOD_SECRET_<--key-secret> }}` (RunPod fills it in inside
-  the pod; the key itself is never in a request);
-- the spec file unchanged, base64 in PODGUARD_KEEP_SPEC_B64 (its own `{{ RUNPOD_SECRET_... }}` references stay
-  references: RunPod does not look inside base64);
-- PODGUARD_KEEPER_OF (the kept name), and the options as their PODGUARD_* variables.
-A deployed keeper terminates its own pod when the job is over (success, failure, guard, give-up), so RunPod's
-restart of its container does not start keeping again.
+The keeper pod is `<name>-keeper`: the spec's image, a CPU pod, args `pod keep`, made with podguard's mark for its
+own name and `PODGUARD_KEEPER_OF=<name>` (a `<name>-keeper` without both is the user's: never touched). What it
+needs travels in its environment: the API key only as a RunPod secret reference (`{{ RUNPOD_SECRET_<--key-secret>
+}}`: the key itself is never in a request); the spec unchanged, base64 in PODGUARD_KEEP_SPEC_B64 (its own secret
+references stay references); the options as their PODGUARD_* variables; and the keep it acts for
+(PODGUARD_KEEP_GEN, PODGUARD_KEEP_ID: the generation and identity of the `kept` word `--deploy` wrote in the keep's
+record). A keeper pod acts only while the record says that very word: when the keep is over (its own `done`, or the
+user's `pod down`/`pod stop`, or a laptop keep that took over), a container RunPod starts again terminates its pod.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import os
-import signal
-import time
+import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from podguard.errors import PodguardError, UsageError
-from podguard.pods.actions import act_on
+from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.auth import ENV_BASE_URL
-from podguard.pods.keeper.record import KeepState, KeepStore, live_keepers
-from podguard.pods.model import CpuInfo, Pod, PodAction
-from podguard.pods.placement import pods_named
-from podguard.pods.spec import PodSpec
+from podguard.pods.errors import ApiError
+from podguard.pods.keeper.intent import Word
+from podguard.pods.keeper.intent_store import IntentStore
+from podguard.pods.keeper.options import KNOBS
+from podguard.pods.keeper.registry import Entry, entries
+from podguard.pods.mark import owned, stranger_line
+from podguard.pods.model import CpuInfo, Pod, PodAction, PodStatus
+from podguard.pods.spec import PodSpec, parse_spec
+from podguard.pods.tuning import TUNING_ENV
 
 __all__ = [
     "ENV_KEEPER_OF",
+    "ENV_KEEP_GEN",
+    "ENV_KEEP_ID",
     "ENV_SPEC_B64",
     "KEEPER_CPU",
-    "deploy_keeper",
-    "end_keepers",
+    "Kept",
+    "alive",
     "end_own_pod",
     "keeper_name",
+    "keeper_pods",
     "keeper_spec",
     "kept_by",
     "say_unkept",
@@ -49,10 +57,14 @@ __all__ = [
 
 ENV_SPEC_B64 = "PODGUARD_KEEP_SPEC_B64"
 ENV_KEEPER_OF = "PODGUARD_KEEPER_OF"
+ENV_KEEP_GEN = "PODGUARD_KEEP_GEN"
+ENV_KEEP_ID = "PODGUARD_KEEP_ID"
 KEEPER_SUFFIX = "-keeper"
+CARRIED = (*KNOBS.values(), *TUNING_ENV.values())  # knobs a keeper pod takes over from the laptop that deploys it
 KEEPER_CPU = CpuInfo("cpu3c", 2)  # the smallest general-purpose CPU pod: the keeper sleeps on a socket
 KEEPER_DISK_GB = 10
 MAX_NAME = 191
+_ALIVE = (PodStatus.PROVISIONING, PodStatus.STARTING, PodStatus.RUNNING, PodStatus.UNKNOWN)
 
 
 def keeper_name(name: str) -> str:
@@ -67,6 +79,8 @@ def keeper_spec(
     poll: float,
     max_recoveries: int,
     notify: str | None,
+    gen: int = 0,
+    keep_id: str = "",
 ) -> PodSpec:
     """The keeper pod's spec: same image, a small CPU pod, `pod keep` with the spec and options in its env."""
     name = keeper_name(spec.name)
@@ -79,6 +93,11 @@ def keeper_spec(
         "PODGUARD_POLL": f"{poll:g}",
         "PODGUARD_MAX_RECOVERIES": str(max_recoveries),
     }
+    if gen:
+        env[ENV_KEEP_GEN], env[ENV_KEEP_ID] = str(gen), keep_id
+    for knob in CARRIED:  # the laptop's tuning, so that the keeper pod keeps time as `pod down` expects it to
+        if os.environ.get(knob, "").strip():
+            env[knob] = os.environ[knob].strip()
     if notify:
         env["PODGUARD_NOTIFY"] = notify
     base = os.environ.get(ENV_BASE_URL, "").strip()
@@ -99,11 +118,6 @@ def keeper_spec(
 
 def spec_from_env(env: dict[str, str] | None = None) -> tuple[PodSpec, bytes] | None:
     """Inside a keeper pod: the spec from PODGUARD_KEEP_SPEC_B64 (64 when it does not decode); None if unset."""
-    import binascii
-    import tomllib
-
-    from podguard.pods.spec import parse_spec
-
     env = dict(os.environ) if env is None else env
     raw = env.get(ENV_SPEC_B64, "").strip()
     if not raw:
@@ -116,119 +130,90 @@ def spec_from_env(env: dict[str, str] | None = None) -> tuple[PodSpec, bytes] | 
     return parse_spec(data, where=ENV_SPEC_B64), text
 
 
-def deploy_keeper(api: PodApi, keeper: PodSpec, *, say: Callable[[str], None]) -> tuple[Pod, str]:
-    """Create the keeper pod, or reuse / start the one of that name (`pod up`'s idempotency, no wait)."""
-    from podguard.pods.progress import Progress
-    from podguard.pods.tuning import Tuning
-    from podguard.pods.up import pod_up
-
-    result = pod_up(api, keeper, timeout_s=0, wait=False, tuning=Tuning.from_env(), progress=Progress(quiet=True))
-    pod = result.pod
-    if result.action != "created":
-        running = pod.env.get(ENV_SPEC_B64)
-        if running is not None and running != keeper.env[ENV_SPEC_B64]:
-            say(
-                f"note: keeper pod {pod.name} keeps an older version of the spec; `podguard pod down {pod.name}` "
-                "and deploy again to change it"
-            )
-    return pod, result.action
+def is_keeper_of(pod: Pod, name: str) -> bool:
+    """A keeper pod of `name`: podguard's mark for `<name>-keeper`, and PODGUARD_KEEPER_OF naming `name`."""
+    return owned(pod, keeper_name(name)) and pod.env.get(ENV_KEEPER_OF) == name
 
 
-def kept_by(api: PodApi, name: str, pods: list[Pod] | None = None) -> str | None:
-    """Who keeps `name`: its keeper pod's name, a live keeper on this machine, or None."""
+def keeper_pods(api: PodApi, name: str, pods: list[Pod] | None = None) -> tuple[list[Pod], list[Pod]]:
+    """The pods named `<name>-keeper`: (podguard's keeper pods of `name`, the others: the user's, never touched)."""
     listed = pods if pods is not None else api.list_pods()
-    keeper = keeper_name(name)
-    if any(p.name == keeper and str(p.status) not in ("TERMINATED", "EXITED") for p in listed):
-        return keeper  # (a stopped keeper pod keeps nothing)
-    pids = _local_keepers(name)
-    return ", ".join(f"pid {pid}" for pid in sorted(pids)) + " on this machine" if pids else None
+    named = [p for p in listed if p.name == keeper_name(name) and p.status is not PodStatus.TERMINATED]
+    return [p for p in named if is_keeper_of(p, name)], [p for p in named if not is_keeper_of(p, name)]
 
 
-def _local_keeper(name: str) -> int | None:
-    try:
-        return KeepStore.open(name).holder()
-    except (PodguardError, OSError):
-        return None
+def alive(pod: Pod) -> bool:
+    """A keeper pod that is (or may be) running its keeper; EXITED or ERROR: lost."""
+    return pod.status in _ALIVE
 
 
-def _local_keepers(name: str) -> set[int]:
-    """Every live keeper of `name` on this machine: this state dir's, and those of any other (record.py)."""
-    pid = _local_keeper(name)
-    return live_keepers(name) | ({pid} if pid else set())
+@dataclass(frozen=True)
+class Kept:
+    """Who keeps a name: its keeper pods (alive or lost) and the keepers on this machine."""
+
+    pods: list[Pod] = field(default_factory=list)
+    local: list[Entry] = field(default_factory=list)
+    strangers: list[Pod] = field(default_factory=list)
+
+    def by(self) -> str | None:
+        """`<name>-keeper` while a keeper pod is alive, else `pid N on this machine`, else None."""
+        live = [p for p in self.pods if alive(p)]
+        if live:
+            return live[0].name
+        pids = sorted(e.pid for e in self.local if e.alive)
+        return ", ".join(f"pid {pid}" for pid in pids) + " on this machine" if pids else None
+
+    def view(self) -> dict[str, object] | None:
+        """The keeper pod for `--json`: id, status, alive (None without one)."""
+        if not self.pods:
+            return None
+        pod = self.pods[0]
+        return {"name": pod.name, "id": pod.id, "status": str(pod.status), "alive": alive(pod)}
+
+    def line(self) -> str | None:
+        """`kept by:` in words: the keeper pod and whether it is alive, the keepers here."""
+        parts = []
+        for pod in self.pods:
+            state = "alive" if alive(pod) else "LOST: nothing keeps the pod; `podguard pod keep --spec FILE` takes over"
+            parts.append(f"{pod.name} ({pod.id}, {pod.status}: {state})")
+        parts += [f"{e.where()} on this machine" for e in self.local if e.alive]
+        return "; ".join(parts) or None
 
 
-def end_keepers(
-    api: PodApi, name: str, say: Callable[[str], None], *, outcome: str = "down", wait_s: float = 30.0
-) -> bool:
-    """`pod down NAME` / `pod stop NAME`: end a keeper on this machine (SIGTERM, through its lock) and terminate
-    keeper pods, before NAME is touched, also when no pod of the name exists (a keeper waiting for capacity
-    would make it later). The local state is marked done (`outcome`), so that nothing brings NAME back. True when
-    a keeper was ended."""
-    ended = False
-    for pid in sorted(_local_keepers(name)):  # this state dir's, and those started with another one
-        try:
-            os.kill(pid, signal.SIGTERM)
-            say(f"ending the keeper of {name} on this machine (pid {pid}) first")
-            ended = True
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + wait_s
-    while ended and _local_keepers(name) and time.monotonic() < deadline:  # a create in flight: its answer first
-        time.sleep(0.05)
-    keeper_pods = pods_named(api, keeper_name(name))
-    for pod in keeper_pods:
-        say(f"ending the keeper pod {pod.name} ({pod.id}) first")
-        act_on(api, pod, PodAction.TERMINATE)
-        ended = True
-    _mark_done(name, outcome, keeper_pods[0].name if keeper_pods else "")
-    if ended and outcome == "stopped":
-        say(
-            f"{name} is no longer kept: nothing starts it again; `podguard pod keep --spec FILE` (or `--deploy`) "
-            "keeps it again"
-        )
-    return ended
+def kept_by(api: PodApi, name: str, pods: list[Pod] | None = None) -> Kept:
+    """Who keeps `name` (for `pod status`): its keeper pods and the live keepers on this machine."""
+    mine, strangers = keeper_pods(api, name, pods)
+    return Kept(mine, [e for e in entries(name) if e.alive], strangers)
 
 
-def _mark_done(name: str, outcome: str, keeper_pod: str) -> None:
-    """A keep started again later must not bring back what `pod down`/`pod stop` ended; `pod start` reads it."""
-    try:
-        store = KeepStore.open(name)
-        state = store.load()
-        if state is None and keeper_pod:  # kept from a keeper pod: its state was there, remember the stop here
-            state = KeepState(name=name, kind="pod", keeper_pod=keeper_pod)
-        if state is None or state.done:
-            return
-        state.phase, state.outcome = "done", outcome
-        store.save(state)
-    except (PodguardError, OSError):
-        return
-    verb = "took it down" if outcome == "down" else "stopped it"
-    store.event(outcome, f"`podguard pod {'down' if outcome == 'down' else 'stop'} {name}` {verb}: the keeper ended")
+def describe_stranger(pod: Pod, name: str) -> str:
+    return (
+        f"{stranger_line(pod)} is named {keeper_name(name)} but is not podguard's keeper of {name} (no podguard mark): "
+        "it is never touched"
+    )
 
 
 def say_unkept(api: PodApi, name: str, say: Callable[[str], None]) -> None:
-    """`pod start NAME` of a pod whose keeper `pod stop` ended: say that nothing keeps it now, and how to."""
+    """`pod start NAME` of a pod whose keep `pod stop` ended: say that nothing keeps it now, and how to."""
     try:
-        state = KeepStore.open(name).load()
-    except (PodguardError, OSError):
+        current = IntentStore(api, name).read()
+    except (ApiError, UsageError):
         return
-    if state is None or state.outcome != "stopped" or kept_by(api, name):
+    if current is None or current.word is not Word.STOPPED or kept_by(api, name).by():
         return
     say(
-        f"note: {name} was kept until `pod stop` ended its keeper; nothing keeps it now (a stop, ERROR or a lost host "
+        f"note: {name} was kept until `pod stop` ended its keep; nothing keeps it now (a stop, ERROR or a lost host "
         f"is not recovered): `podguard pod keep --spec FILE` (or `--deploy`) keeps it again"
     )
 
 
 def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None = None) -> bool:
-    """Inside a keeper pod: terminate this pod (the job is over; a restarted container must not keep again).
+    """Inside a keeper pod: terminate this pod (the keep is over; a restarted container must not keep again).
     `failed`: the keeper hit an error no retry fixes (a refused key, a bad spec): stop the pod instead, so that
     RunPod does not restart it into the same error all night and its logs still say why."""
     pod_id = os.environ.get("RUNPOD_POD_ID", "").strip()
     if not pod_id:
         return False
-    from podguard.pods.errors import ApiError
-
     action = PodAction.STOP if failed else PodAction.TERMINATE
     if failed:
         say(f"the keeper cannot go on ({failed}): stopping its own pod {pod_id} (`podguard pod down` removes it)")

@@ -3,7 +3,7 @@
     cue = read_line("podguard train: END success exit 0 after 1 attempt(s): job finished")
     cue.kind, cue.word, cue.code          # Cue.END, "success", 0
 
-Four lines count, each defined where the pod prints it (formats kept stable in PRODUCT.md):
+Four lines count, each defined where the pod prints it (formats kept stable: docs/running-pods.md):
 - the preflight summary's first line, `podguard <train|run>: <PASS|BUSY|UNHEALTHY|FAIL> ...` (report.py);
 - the END line, exactly one per `train`/`run` when the outcome is known,
   `podguard <train|run>: END <kind> exit <code> after <n> attempt(s)[: detail]` (outcome_lines.py);

@@ -1,13 +1,14 @@
-"""The keeper's loop: `pod up`, then one status request per poll and one log stream per node, until the job is over.
+"""The keeper's loop: one listing of the name per poll, one log stream per node, until the job is over.
 
-    code = Keeper(target, store, options, events, spec=spec).run()
+    code = Keeper(target, store, options, events, spec=spec, hands=hands, fence=fence).run()
 
-Each poll reads the status once; between polls the loop waits on the log streams, so a decisive line (an END
-line, a verdict, the guard line) is acted on as it arrives. decide.py says what to do; this module does it,
-records each step in the state file *before* it is requested (a keeper killed mid-step resumes it, never
-repeats it), and tells each event (events.py); recovery.py starts and replaces, ending.py stops and ends (`done`
-only once the stop is confirmed). Transient API failures that outlast `--retry-for` do not end an overnight
-keeper: it says so once and tries again at the next poll. See docs/running-pods.md.
+A reconciler (docs/running-pods.md, "How the keeper decides"): each poll lists the name and converges on exactly
+one pod (cluster) of the keeper's own (reconcile.py), then decide.py judges that one from its status and podguard's
+lines; between polls the loop waits on the log streams, so a decisive line (an END line, a verdict, the guard line)
+is acted on as it arrives. Every action goes through the keeper's hands (actuate.py): fenced by the user's word,
+read back. recovery.py starts and replaces, ending.py stops and ends. Transient API failures that outlast
+`--retry-for` do not end an overnight keeper: it says so once and tries again at the next poll; a newer word of the
+user (`pod down`, `pod stop`, a newer keep) ends it without another action.
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ import time
 
 from podguard.outcome_lines import Checkpoint, newest_checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
+from podguard.pods.keeper.actuate import Actuator
 from podguard.pods.keeper.decide import Act, Decision, JobView, Observed, Outcome, decide
 from podguard.pods.keeper.ending import TRANSIENT, KeepResult
 from podguard.pods.keeper.events import Events
-from podguard.pods.keeper.interrupt import Interrupted, held, signals_raise
+from podguard.pods.keeper.fence import Fence, Superseded
+from podguard.pods.keeper.intent import Intent, Word
+from podguard.pods.keeper.interrupt import Interrupted, signals_raise
 from podguard.pods.keeper.lines import CueKind, read_line
 from podguard.pods.keeper.options import KeepOptions
+from podguard.pods.keeper.reconcile import Reconciling
 from podguard.pods.keeper.record import KeepState, KeepStore
-from podguard.pods.keeper.recovery import FAST_WINDOW_S, Recovering
+from podguard.pods.keeper.recovery import FAST_WINDOW_S
 from podguard.pods.keeper.target import Target
 from podguard.pods.model import LogEvent, PodStatus
 from podguard.pods.spec import PodSpec
@@ -33,11 +38,23 @@ from podguard.pods.spec import PodSpec
 __all__ = ["KeepOptions", "KeepResult", "Keeper"]
 
 
-class Keeper(Recovering):
+class Keeper(Reconciling):
     def __init__(
-        self, target: Target, store: KeepStore, options: KeepOptions, events: Events, *, spec: PodSpec
+        self,
+        target: Target,
+        store: KeepStore,
+        options: KeepOptions,
+        events: Events,
+        *,
+        spec: PodSpec,
+        hands: Actuator,
+        fence: Fence,
+        previous: Intent | None = None,
     ) -> None:
         self.target, self.store, self.options, self.events, self.spec = target, store, options, events, spec
+        self.hands, self.fence = hands, fence
+        self.previous = previous  # the record before this keep's own word (a keep the user ended is not resumed)
+        self.adopted = tuple(fence.mine.adopted)
         self.view = JobView()
         self.state = KeepState(name=spec.name, kind=target.kind)
         self.quiet_since: dict[int, float] = {}
@@ -45,9 +62,11 @@ class Keeper(Recovering):
         self._incident: float | None = None  # when the recovery under way was decided (time.time())
         self._capacity_tries = 0
         self._outage = False
-        self._fast_until = 0.0  # after a recovery: poll at most recovery_poll_s apart until the pod runs
+        self._fast_until = 0.0  # after a create or a recovery: poll at most recovery_poll_s apart until it runs
         self._booting_since = time.monotonic()  # the current start (create): `[ready] timeout_s` counts from it
         self.checkpoint: Checkpoint | None = None  # the newest checkpoint an END/RESTART line named
+        self._told: set[str] = set()
+        self._fresh = True
 
     # -- the whole run -------------------------------------------------------------------------------------
     def run(self) -> KeepResult:
@@ -56,94 +75,86 @@ class Keeper(Recovering):
                 return self._begin() or self._loop()
         except (KeyboardInterrupt, Interrupted) as exc:
             signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            over = self._word_now()
+            if over is not None:  # `pod down` / `pod stop` (or a newer keep) ended it: said, and not resumed later
+                self.state.phase, self.state.outcome = "done", over
             self.store.save(self.state)
-            text = (
-                f"keeper ended by {signal.Signals(signum).name}: {self.target.describe()} is left as it is; "
-                "`podguard pod keep` again resumes where this one left off"
+            text = f"keeper ended by {signal.Signals(signum).name}: {self.target.describe()} is left as it is; " + (
+                f"the keep is over ({over})" if over else "`podguard pod keep` again resumes where this one left off"
             )
-            self.events.say("interrupted", text)
+            self.events.say(over or "interrupted", text)
             return KeepResult(128 + signum, "interrupted", text, self.state)
+        except Superseded as exc:
+            return self._superseded(exc)
         finally:
             self.target.close()
 
+    def _word_now(self) -> str | None:
+        """After a signal: the user's newer word that ended this keep (down, stopped, taken-over), if the record
+        can be read at once; None otherwise (the keep may resume)."""
+        try:
+            current = self.fence.store.read()
+        except Exception:  # a signal's way out reads the record once, best effort: nothing may stop the exit
+            return None
+        if current is None or (current.gen == self.fence.mine.gen and current.keep == self.fence.mine.keep):
+            return None
+        return {Word.DOWN: "down", Word.STOPPED: "stopped", Word.DONE: "done"}.get(current.word, "taken-over")
+
     def _begin(self) -> KeepResult | None:
-        """Resume what the state file says is kept, else do what `pod up` does (without its wait)."""
+        """Resume what the state file says (recoveries, where each log was read), else begin afresh; what exists
+        is read at the first poll, never assumed."""
         self._fast_until = time.monotonic() + FAST_WINDOW_S  # until it runs, poll as `pod up` does
         self._booting_since = time.monotonic()
         saved = self.store.load()
-        if saved is not None and not saved.done and saved.kind == self.target.kind:
+        if saved is not None and not saved.done and saved.kind == self.target.kind and self._same_keep(saved):
             self.state = saved
-            self.state.pid = os.getpid()
-            self.store.save(self.state)  # `pod down` reads the live keeper's pid from here
+            self._mine()
             self._restore_view()
+            self._fresh = False
             self.events.say(
                 "resume",
                 f"resuming (recoveries so far: {self.state.recoveries} of at most {self.options.max_recoveries})",
             )
             if self.state.phase == "ending":  # the job was over; its stop was not confirmed: make it now
                 return self._complete_ending()
-            if self.state.phase == "replacing":
-                self._finish_replacement(resumed=True)
-            elif self.target.adopt(prefer=saved.target_id):  # several of the name (another actor mid-way): ours
-                same = "the one kept before" if self.target.target_id == saved.target_id else "a new one"
-                self.events.note(f"{self.target.describe()} exists ({same})")
-            elif not saved.target_id:  # the first `pod up` never finished: nothing was lost, make it now
+            if not self.state.made:  # the first `pod up` never finished: nothing was lost, make it now
                 self.events.note(f"no {self.target.kind} named {self.spec.name} was made before: `pod up` now")
-                return self._up()
-            else:
-                self.events.note(f"no {self.target.kind} named {self.spec.name} exists now")
-            self._remember_target()
             return None
-        self.state = KeepState(name=self.spec.name, kind=self.target.kind, pid=os.getpid())
-        self.store.save(self.state)
+        self.state = KeepState(name=self.spec.name, kind=self.target.kind)
+        self._mine()
         self.events.say("begin", f"keeping {self.target.kind} {self.spec.name}: `pod up`, then watching it")
-        return self._up()
-
-    def _up(self) -> KeepResult | None:
-        """What `pod up` does (without its wait), waiting for capacity; a pod whose host is full is replaced."""
-        while True:
-            try:
-                with held():  # a `pod down` meanwhile: the create's answer first, so that `down` finds the pod
-                    action = self.target.up(self.events.note)
-                    self._remember_target()
-                break
-            except ApiError as exc:
-                if exc.kind is not ApiErrorKind.NO_CAPACITY:
-                    raise
-                if self.target.adopt():  # it exists: its host is full on start
-                    self._remember_target()
-                    reason = f"its host has no free GPUs to start it ({exc.detail or exc.message})"
-                    return self._recover(Decision(Act.REPLACE, reason))
-                self._wait_for_capacity(exc)
-        self._capacity_tries = 0
-        mine = self.target.settle_twins() if action == "created" else ""
-        if mine:
-            action = (
-                f"created, but another of the name was made at the same moment: the older is kept, {mine} terminated"
-            )
-        adopted = action in ("reused", "started") or bool(mine)
-        text = f"{self.target.describe()}: {action} (as `pod up` does)"
-        if adopted:
-            text += ": it existed already (whoever made it), adopted, not duplicated"
-        self.events.say("up", text, notify=adopted, target=self.target.target_id)
-        self._remember_target()
         return None
+
+    def _same_keep(self, saved: KeepState) -> bool:
+        """The saved state is the keep the record still names (a keeper killed and started again), not one the user
+        ended since (`pod down`, `pod stop`), one another keep took over, or a state only a claim wrote: only then is
+        it resumed."""
+        if not saved.gen:
+            return False  # nothing of a keep yet: the claim noted its word's identity, no more
+        before = self.previous
+        return before is None or (before.word is Word.KEPT and saved.owns(before.keep))
+
+    def _mine(self) -> None:
+        self.state.pid = os.getpid()
+        self.state.gen, self.state.keep_id = self.fence.mine.gen, self.fence.mine.keep
+        self.state.claiming = ""
+        self.store.save(self.state)
 
     def _restore_view(self) -> None:
         for rank, streak in self.state.streaks.items():
             self.view.node(int(rank)).streak = streak
         for rank, target in self.state.ran.items():  # seen running before this keeper was started again
             self.view.node(int(rank)).ran = bool(target) and target == self.state.target_id
+        for rank, target in self.state.preflight.items():  # its preflight line came before the keeper was killed
+            self.view.node(int(rank)).preflight = bool(target) and target == self.state.target_id
         self.view.primary = 0
 
     def _remember_view(self) -> None:
         """What the view knows that a keeper started again needs: the preflight streaks, which nodes ran."""
+        tid = self.target.target_id
         self.state.streaks = {str(r): n.streak for r, n in self.view.nodes.items()}
-        self.state.ran = {str(r): self.target.target_id for r, n in self.view.nodes.items() if n.ran}
-
-    def _remember_target(self) -> None:
-        self.state.target_id = self.target.target_id
-        self.store.save(self.state)
+        self.state.ran = {str(r): tid for r, n in self.view.nodes.items() if n.ran}
+        self.state.preflight = {str(r): tid for r, n in self.view.nodes.items() if n.preflight}
 
     # -- watching ------------------------------------------------------------------------------------------
     def _loop(self) -> KeepResult:
@@ -178,30 +189,26 @@ class Keeper(Recovering):
     def _poll_and_act(self) -> KeepResult | None:
         if self.state.phase == "ending":  # the job is over; the stop did not go through yet: try it again
             return self._complete_ending()
-        if self.state.phase == "replacing":  # a replacement that an API outage interrupted: finish it first
-            try:
-                self._finish_replacement(resumed=True)
-            except ApiError as exc:
-                if exc.kind not in TRANSIENT:
-                    raise
-                self._api_outage(exc)
-                return None
-        silent = {r for r, t in self.quiet_since.items() if time.monotonic() - t >= self.options.silence_s}
         try:
-            observed = self._observe(silent)
+            if self.state.phase == "replacing":  # a replacement an outage (or a kill) interrupted: finish it first
+                self._finish_replacement(resumed=True)
+            silent = {r for r, t in self.quiet_since.items() if time.monotonic() - t >= self.options.silence_s}
+            got = self._converge(silent)
         except ApiError as exc:
             if exc.kind not in TRANSIENT:
                 raise
             self._api_outage(exc)
             return None
         self._api_back()
-        self.observed = observed
+        if got is None or isinstance(got, KeepResult):
+            return got
+        self.observed = got
         now = time.monotonic()
-        for rank, node in observed.nodes.items():
+        for rank, node in got.nodes.items():
             self.quiet_since.setdefault(rank, now)
             if node.status is PodStatus.RUNNING and node.has_runtime:
                 self.view.node(rank).ran = True
-        self._show(observed)
+        self._show(got)
         self._remember_view()
         self.store.save(self.state)
         decision = self._decide()
@@ -209,11 +216,6 @@ class Keeper(Recovering):
             self._drain(self.options.settle_s)
             decision = self._decide()
         return self._act(decision)
-
-    def _observe(self, silent: set[int]) -> Observed:
-        if not self.target.target_id:
-            return Observed(None, cluster=self.target.kind == "cluster")
-        return self.target.poll(self.state, silent)
 
     def _decide(self) -> Decision:
         return decide(
@@ -242,8 +244,9 @@ class Keeper(Recovering):
 
     def _take(self, rank: int, event: LogEvent) -> bool:
         """One log line of node `rank`: remember where the stream is; True when it was a decisive line."""
-        self.quiet_since[rank] = time.monotonic()
-        self.view.node(rank).ran = True  # a line: its container runs
+        now = time.monotonic()
+        self.quiet_since[rank] = now
+        self.view.node(rank).ran = self.view.node(rank).lines = True  # a line: its container runs
         mark = self.state.nodes.get(str(rank))
         cue = read_line(event.line)
         if mark is not None and event.id and (cue is None or cue.kind is not CueKind.END):
@@ -254,7 +257,7 @@ class Keeper(Recovering):
             return False
         if cue.kind in (CueKind.END, CueKind.RESTART):
             self.checkpoint = newest_checkpoint(cue.line) or self.checkpoint
-        text = self.view.take(rank, cue)
+        text = self.view.take(rank, cue, now)
         self._remember_view()
         if text is not None:
             where = f"node{rank}: " if self.target.kind == "cluster" else ""
@@ -302,7 +305,7 @@ class Keeper(Recovering):
             # then one fresh member listing: a failure that follows a lost peer is the host's, not the job's
             self._drain(self.options.settle_s, to_the_end=True)
             try:
-                self.observed = self.target.poll(self.state, set(), members=True)
+                self.observed = self.target.observe(self.state, set(), members=True)
             except ApiError as exc:
                 if exc.kind not in TRANSIENT:
                     raise
@@ -310,7 +313,7 @@ class Keeper(Recovering):
                 return None  # decided again at the next poll, with the outcome still in view
             decision = self._decide()
         if decision.act is Act.FINISH:
-            return self._finish(Outcome(decision.reason))  # a stop that fails for a moment: None, tried next poll
+            return self._finish(Outcome(decision.reason), decision.detail)  # a stop not confirmed: None, next poll
         try:
             return self._recover(decision)
         except ApiError as exc:

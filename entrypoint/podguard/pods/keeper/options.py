@@ -4,7 +4,9 @@
 
 The knobs below are for tests and tuning, not user options: PODGUARD_KEEP_SILENCE_S (the 15-minute silence
 that marks a lost host), PODGUARD_KEEP_SETTLE_S, PODGUARD_KEEP_RECOVERY_POLL_S, PODGUARD_KEEP_CAPACITY_WAIT_S
-PODGUARD_KEEP_CAPACITY_WAIT_CAP_S, PODGUARD_KEEP_PARK_S and PODGUARD_KEEP_NOTIFY_S (see docs/running-pods.md).
+PODGUARD_KEEP_CAPACITY_WAIT_CAP_S, PODGUARD_KEEP_PARK_S, PODGUARD_KEEP_NOTIFY_S, PODGUARD_KEEP_CONFIRM_S (how long an
+action is read back) and PODGUARD_KEEP_LAND_S (how long a create may still land after its answer's deadline; `pod
+down` waits for it) (see docs/running-pods.md).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class KeepOptions:
     capacity_wait_cap_s: float = 600.0
     park_s: float = 600.0  # a keeper pod that can neither go on nor stop itself waits this long before exiting
     notify_s: float = 5.0  # the deadline of one `--notify` message, all its tries together
+    confirm_s: float = 60.0  # an action counts once the pod reads back so: read again for up to this long
+    land_s: float = 30.0  # after its answer's deadline, how long a create (start) may still land (`pod down` waits)
 
 
 KNOBS = {
@@ -42,6 +46,8 @@ KNOBS = {
     "capacity_wait_cap_s": "PODGUARD_KEEP_CAPACITY_WAIT_CAP_S",
     "park_s": "PODGUARD_KEEP_PARK_S",
     "notify_s": "PODGUARD_KEEP_NOTIFY_S",
+    "confirm_s": "PODGUARD_KEEP_CONFIRM_S",
+    "land_s": "PODGUARD_KEEP_LAND_S",
 }
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

@@ -1,25 +1,27 @@
-"""The keeper's memory in the state dir: what it keeps and where it stands, and a record of every event.
+"""The keeper's memory in the state dir: where it stands, and a record of every event.
 
-    store = KeepStore.open("llm-train")            # <state dir>/keep/llm-train.json (+ .events.jsonl, .lock)
+    store = KeepStore.open("llm-train", warn=say)  # <state dir>/keep/llm-train.json (+ .events.jsonl, .lock)
     state = store.load()                           # None: nothing kept under this name yet
-    store.save(state)                              # atomic, owner-only
+    store.save(state)                              # atomic, owner-only; a failed write is one warning
     store.event("recovery", "EXITED without an outcome: starting it", pod="abc123")
 
-A keeper killed and started again picks up from the state file: the pod or cluster it keeps, the recoveries
-so far, and per node the start it follows and the last log event it read (the stream resumes after it with
-`Last-Event-ID`). The lock makes one keeper per name in a state dir (a killed keeper's lock goes with it); each
-live keeper also holds a lock of its own in keepers_dir() (under HOME, whatever PODGUARD_STATE_DIR says), so that
-`pod down NAME` finds every keeper of NAME on this machine, also one started with another state dir.
+A keeper killed and started again picks up from the state file: the pod or cluster it keeps, the recoveries so
+far, and per node the start it follows and the last log event it read (the stream resumes after it with
+`Last-Event-ID`). The state is a convenience, never the truth: what exists is read from the API each poll
+(converge.py), and the user's word from the keep's record (intent_store.py). So a write that fails (a full disk)
+is one warning and the keeper goes on in memory: its own fault must never leave a pod billing. The lock makes one
+keeper per state dir; registry.py makes one per machine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
+import hashlib
 import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from podguard.locks import NoFlock, open_lock, try_flock
 from podguard.redact import redact_text
 from podguard.state import state_dir, subdir, write_private
 
-__all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "keepers_dir", "live_keepers", "safe_name"]
+__all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "safe_name"]
 
 STATE_VERSION = 1
 
@@ -42,42 +44,8 @@ def safe_name(name: str) -> str:
     """A file name for a pod name (RunPod names may hold spaces and slashes)."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "pod"
     if cleaned != name:
-        import hashlib
-
         cleaned += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
     return cleaned[:200]
-
-
-def keepers_dir() -> Path:
-    """Where every keeper on this machine holds a lock named `<name>.<pid>.lock` while it lives."""
-    return Path.home() / ".cache" / "podguard" / "keepers"
-
-
-def live_keepers(name: str) -> set[int]:
-    """The pids of the live keepers of `name` on this machine, whatever their state dir (best effort)."""
-    prefix = safe_name(name) + "."
-    pids: set[int] = set()
-    with contextlib.suppress(OSError):
-        for path in keepers_dir().glob(f"{glob.escape(prefix)}*.lock"):
-            pid = path.name[len(prefix) : -len(".lock")]
-            if pid.isdigit() and _held(path):
-                pids.add(int(pid))
-            elif pid.isdigit() and time.time() - path.stat().st_mtime > 60:  # not one being made this moment
-                path.unlink(missing_ok=True)  # a keeper killed by SIGKILL left its mark
-    return pids
-
-
-def _held(path: Path) -> bool:
-    try:
-        fd = open_lock(path)
-    except OSError:
-        return False
-    try:
-        return not try_flock(fd)
-    except NoFlock:
-        return False
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -105,12 +73,21 @@ class KeepState:
     data_center: str = ""  # where the kept pod (cluster) last ran: a network volume pins its replacement there
     pid: int = 0  # the keeper process (a live one holds the lock)
     keeper_pod: str = ""  # set inside a deployed keeper: its own pod's name
+    preflight: dict[str, str] = field(default_factory=dict)  # rank -> the target whose preflight line came (start)
+    gen: int = 0  # the generation of the user's word this keeper acts for (the keep's record)
+    keep_id: str = ""  # the keep's identity (in the record, and in the mark of what it makes)
+    claiming: str = ""  # the identity of a word being written (a keeper killed in between: still its own)
+    made: bool = False  # a pod (cluster) was kept before: none of the name now is a lost one, not a first create
     version: int = STATE_VERSION
     updated: str = field(default_factory=iso_now)
 
     @property
     def done(self) -> bool:
         return self.phase == "done"
+
+    def owns(self, keep_id: str) -> bool:
+        """`keep_id` (the record's) is this state's keep, or the one it was claiming when it was killed."""
+        return bool(keep_id) and keep_id in (self.keep_id, self.claiming)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,18 +102,19 @@ class KeepState:
 class KeepStore:
     """The files of one kept name under `<state dir>/keep/`."""
 
-    def __init__(self, folder: Path, name: str) -> None:
+    def __init__(self, folder: Path, name: str, *, warn: Callable[[str], None] = lambda text: None) -> None:
         self.name = name
+        self._warn = warn
+        self._failing = False
         base = folder / safe_name(name)
         self.state_path = base.with_name(base.name + ".json")
         self.events_path = base.with_name(base.name + ".events.jsonl")
         self.lock_path = base.with_name(base.name + ".lock")
         self._lock_fd: int | None = None
-        self._mark: tuple[int, Path] | None = None  # this keeper's lock in keepers_dir()
 
     @classmethod
-    def open(cls, name: str) -> KeepStore:
-        return cls(subdir(state_dir(), "keep"), name)
+    def open(cls, name: str, *, warn: Callable[[str], None] = lambda text: None) -> KeepStore:
+        return cls(subdir(state_dir(), "keep"), name, warn=warn)
 
     # -- the state ---------------------------------------------------------------------------------------
     def load(self) -> KeepState | None:
@@ -151,9 +129,22 @@ class KeepStore:
         except TypeError as exc:
             raise UsageError(f"{self.state_path} is not a keeper state ({exc}); move it away to start afresh") from None
 
-    def save(self, state: KeepState) -> None:
+    def save(self, state: KeepState) -> bool:
+        """Write the state; a write that fails (a full disk, a read-only folder) is one warning, not the end of the
+        keeper (it goes on in memory; the next save tries again). True when it was written."""
         state.updated = iso_now()
-        write_private(self.state_path, json.dumps(state.to_json(), indent=2))
+        try:
+            write_private(self.state_path, json.dumps(state.to_json(), indent=2))
+        except (OSError, PodguardError) as exc:
+            if not self._failing:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                self._warn(f"warning: cannot write the keeper's state {self.state_path} ({why}); it goes on in memory")
+            self._failing = True
+            return False
+        if self._failing:
+            self._warn(f"the keeper's state is written again ({self.state_path})")
+        self._failing = False
+        return True
 
     # -- events ------------------------------------------------------------------------------------------
     def event(self, kind: str, text: str, **fields: Any) -> dict[str, Any]:
@@ -181,47 +172,9 @@ class KeepStore:
             os.close(fd)
             return False
         self._lock_fd = fd
-        self._register()
         return True
-
-    def _register(self) -> None:
-        """Best effort: hold `<keepers_dir>/<name>.<pid>.lock` while this keeper lives (`pod down` finds it)."""
-        with contextlib.suppress(OSError, NoFlock):
-            folder = keepers_dir()
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = folder / f"{safe_name(self.name)}.{os.getpid()}.lock"
-            fd = open_lock(path)
-            if try_flock(fd):
-                self._mark = (fd, path)
-            else:
-                os.close(fd)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-        if self._mark is not None:
-            fd, path = self._mark
-            self._mark = None
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-            os.close(fd)
-
-    def holder(self) -> int | None:
-        """The pid of a live keeper of this name on this machine, else None."""
-        if not self.lock_path.exists():
-            return None
-        fd = open_lock(self.lock_path)
-        try:
-            free = try_flock(fd)
-        except (NoFlock, OSError):
-            free = True
-        finally:
-            os.close(fd)
-        if free:
-            return None
-        try:
-            state = self.load()
-        except PodguardError:
-            return None
-        return state.pid if state is not None and state.pid else None
