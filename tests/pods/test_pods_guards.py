@@ -283,6 +283,31 @@ def test_a_refused_cluster_delete_is_124_saying_how_to_end_it(standin, cluster, 
     assert standin.calls("POST", r"/action$") == [] and cluster.id in standin.world.clusters
 
 
+def test_on_exit_stop_pod_on_a_cluster_node_deletes_the_cluster_as_a_guard_does(standin, cluster, cli_node):  # noqa: F811
+    """One way to end this pod's billing: `--on-exit stop-pod` on a cluster node ends the cluster's billing exactly as
+    a guard does (a member cannot be stopped: RunPod answers 409 and the cluster would bill on), then waits for
+    RunPod's SIGTERM; the successful job's code wins."""
+    node1 = member(standin, cluster, 1)
+    args = ["train", "--on-exit", "stop-pod", "--mode", "single", "--", sys.executable, "-c", "pass"]
+    proc = start(cli_node, args, node1.id)
+    deletes = rf"^/v2/clusters/{cluster.id}$"
+    wait_for(lambda: standin.calls("DELETE", deletes) or proc.poll() is not None, "the cluster delete")
+    if proc.poll() is not None:
+        pytest.fail(f"podguard ended without deleting the cluster (exit {proc.returncode}):\n{proc.communicate()[1]}")
+    wait_for(lambda: cluster.id not in standin.world.clusters, "the cluster to go")
+    proc.send_signal(signal.SIGTERM)  # RunPod ends the container
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    said = [line for line in err.splitlines() if "job succeeded" in line]
+    assert len(said) == 1, err
+    assert f"this pod ({node1.id}) is node1 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0]
+    assert "deleting the whole cluster, all its nodes (network volumes stay; billing ends)" in said[0]
+    assert "(--on-exit stop-pod)" in said[0]
+    assert standin.calls("POST", r"/action$") == []  # no stop asked of a member
+    assert len(standin.calls("DELETE", deletes)) == 1
+    assert all(p.status == "TERMINATED" for p in standin.world.pods.values())
+
+
 # -- outside a pod --------------------------------------------------------------------------------------------------
 
 

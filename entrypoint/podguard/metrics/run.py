@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podguard.metrics.state import GpuRow, MetricsState, Source
+from podguard.pods import thispod
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
 
 ENV_INTERVAL = "PODGUARD_METRICS_INTERVAL"  # seconds between --metrics-file writes (default 15)
-ENV_POD_ID = "RUNPOD_POD_ID"
 
 
 class Metrics:
@@ -50,7 +50,7 @@ class Metrics:
         """Inside a pod: its price, from the cost guard's read where there is one, else one read on a thread."""
         from podguard.metrics.price import price_of_budget, read_price_later
 
-        pod_id = (pod_id if pod_id is not None else os.environ.get(ENV_POD_ID, "")).strip()
+        pod_id = (pod_id if pod_id is not None else thispod.pod_id()).strip()
         if not pod_id:
             return
         price = price_of_budget(guards.budget if guards is not None else None)
@@ -100,7 +100,7 @@ def open_metrics(
 
     say = say or _say
     every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
-    state = MetricsState(version=__version__, mode=str(mode), pod_id=os.environ.get(ENV_POD_ID, "").strip())
+    state = MetricsState(version=__version__, mode=str(mode), pod_id=thispod.pod_id())
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
     try:

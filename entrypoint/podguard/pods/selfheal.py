@@ -4,7 +4,7 @@
     code = after_preflight(pre.exit_code, heal_cfg, state=base, report=pre.report_path)
     code = stop_own_pod(code)                                 # --on-exit stop-pod, after a successful job
 
-Consecutive preflight failures (75/76) are counted in the state dir per RUNPOD_POD_ID, across container
+Consecutive preflight failures (75/76) are counted in the state dir per pod (by its id), across container
 restarts. After PODGUARD_SELF_HEAL_AFTER of them the next step of the ladder runs through the REST API for
 this pod: `restart`, then (PODGUARD_SELF_HEAL=replace) an identical pod is created, awaited until RUNNING,
 and this one terminated. It never loops: each step runs once per pod (a replacement does not replace
@@ -24,8 +24,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.pods import thispod
 from podguard.pods.mark import owned
+from podguard.pods.thispod.billing import end_billing
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -36,14 +39,12 @@ __all__ = [
     "SelfHealMode",
     "after_preflight",
     "check_stop_pod",
-    "stop_and_wait",
     "stop_own_pod",
 ]
 
 ENV_MODE = "PODGUARD_SELF_HEAL"
 ENV_AFTER = "PODGUARD_SELF_HEAL_AFTER"
 ENV_PARK = "PODGUARD_PARK"
-ENV_POD_ID = "RUNPOD_POD_ID"
 ENV_REPLACED_FROM = "PODGUARD_HEAL_REPLACED_FROM"  # set on a replacement: it never replaces again
 COUNTED = (ExitCode.GPUS_BUSY, ExitCode.GPU_UNHEALTHY)
 
@@ -83,7 +84,7 @@ class SelfHealConfig:
         raw = env.get(ENV_AFTER, "").strip() or "3"
         if not raw.isdigit() or int(raw) < 1:
             raise UsageError(f"{ENV_AFTER}={raw!r} is not valid; expected a whole number >= 1")
-        return cls(mode, int(raw), park, env.get(ENV_POD_ID, "").strip(), env.get(ENV_REPLACED_FROM, "").strip())
+        return cls(mode, int(raw), park, thispod.pod_id(env), env.get(ENV_REPLACED_FROM, "").strip())
 
     @property
     def ladder(self) -> tuple[str, ...]:
@@ -154,7 +155,7 @@ def after_preflight(
     out = out if out is not None else sys.stderr
     if not cfg.pod_id:
         print(
-            f"podguard: self-heal: {ENV_MODE}={cfg.mode} needs {ENV_POD_ID} (set inside a RunPod pod); off",
+            f"podguard: self-heal: {ENV_MODE}={cfg.mode} needs {thispod.ENV_POD_ID} (set inside a RunPod pod); off",
             file=out,
             flush=True,
         )
@@ -196,57 +197,20 @@ def _wait_signal(timeout: float | None) -> int | None:
 
 def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
     """`--on-exit stop-pod` is checked before the job runs: inside a pod, with an API key. UsageError if not."""
-    env = os.environ if env is None else env
-    if not env.get(ENV_POD_ID, "").strip():
-        raise UsageError(f"--on-exit=stop-pod needs {ENV_POD_ID} (RunPod sets it inside a pod); use exit or idle")
-    from podguard.pods.auth import load_api_key
-
-    try:
-        load_api_key(env)
-    except PodguardError as exc:
-        raise UsageError(f"--on-exit=stop-pod needs the RunPod API key: {exc.message}") from None
+    thispod.require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=env)
 
 
 def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
-    """After the job: when it succeeded, stop this pod through the API so billing stops; returns `code`.
+    """After the job: when it succeeded, end this pod's billing through the API (a pod stops; a cluster node deletes
+    its cluster, as a guard does) and wait for RunPod to end this container; returns `code`.
 
-    A failed stop is one warning (the job's exit code wins); the container's restart then finds the job
+    A failed request is one warning (the job's exit code wins); the container's restart then finds the job
     finished and tries again."""
-    out = out if out is not None else sys.stderr
     if code != ExitCode.OK:
-        print(
-            f"podguard: job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)",
-            file=out,
-            flush=True,
-        )
+        console.say(f"job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)", stream=out)
         return code
-    pod_id = os.environ.get(ENV_POD_ID, "").strip()
-    stop_and_wait(pod_id, "job succeeded", "--on-exit stop-pod", out=out)  # the stop ends this container
+    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod", out=out)  # RunPod's answer ends us
     return code
-
-
-def stop_and_wait(pod_id: str, why: str, by: str, *, out: TextIO) -> tuple[bool, int | None]:
-    """Ask the API to stop this pod (already stopped is success), then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S,
-    default 120 s) for the signal with which RunPod ends this container: (requested, the signal or None).
-
-    The signals are held from before the request, so a SIGTERM that follows the request at once is not lost
-    (nor does it kill podguard mid-line); a failed request is one warning."""
-    from podguard.pause import next_signal, signals_held
-    from podguard.pods.actions import act_on
-    from podguard.pods.api import open_api
-    from podguard.pods.model import PodAction
-    from podguard.pods.tuning import Tuning
-
-    wait_s = Tuning.from_env().restart_wait_s
-    with signals_held() as watched:
-        try:
-            api = open_api("rest")
-            act_on(api, api.get_pod(pod_id), PodAction.STOP)
-        except PodguardError as exc:
-            print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
-            return False, None
-        print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
-        return True, next_signal(watched, wait_s)
 
 
 # --------------------------------------------------------------------------------------------------
