@@ -28,7 +28,7 @@ from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
 from podguard.pods import thispod
 from podguard.pods.mark import owned
-from podguard.pods.thispod.billing import end_billing
+from podguard.pods.thispod.billing import end_billing, request_end
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -317,15 +317,9 @@ def park(healer: Healer, code: int, report: Path | None) -> int:
         f"PARKED: the preflight keeps failing (last exit {code}; tried: {tried}). The container stays up and idle "
         f"instead of restarting{where}. From a laptop: `podguard pod heal {cfg.pod_id} --replace`"
     )
-    if cfg.park is ParkMode.STOP:
-        from podguard.pods.actions import act_on
-        from podguard.pods.model import PodAction
-
-        try:
-            api = _api()
-            act_on(api, api.get_pod(cfg.pod_id), PodAction.STOP)
-            healer.say(f"stopping pod {cfg.pod_id} so it stops billing (PODGUARD_PARK=stop)")
-        except PodguardError as exc:
-            healer.say(f"could not stop pod {cfg.pod_id}: {exc.message}; idling instead")
+    # as a guard ends it: a pod stops, a cluster node deletes its cluster (a failure is one warning, then the idle)
+    stop = cfg.park is ParkMode.STOP
+    if stop and request_end(cfg.pod_id, "self-heal", by="PODGUARD_PARK=stop", out=healer.out).asked is None:
+        healer.say("idling instead")
     got = healer.wait_signal(None)
     return signal_exit_code(got) if got is not None else code
