@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
@@ -104,10 +103,8 @@ class _State:
 
 
 class Healer:
-    def __init__(
-        self, cfg: SelfHealConfig, path: Path, out: TextIO, wait_signal: Callable[[float | None], int | None]
-    ) -> None:
-        self.cfg, self.path, self.out, self.wait_signal = cfg, path, out, wait_signal
+    def __init__(self, cfg: SelfHealConfig, path: Path, wait_signal: Callable[[float | None], int | None]) -> None:
+        self.cfg, self.path, self.wait_signal = cfg, path, wait_signal
         self.state = self._load()
 
     def _load(self) -> _State:
@@ -132,8 +129,8 @@ class Healer:
         self.state.history = self.state.history[-50:]
         self.save()
 
-    def say(self, text: str) -> None:
-        print(f"podguard: self-heal: {text}", file=self.out, flush=True)
+    def say(self, text: str, *, loud: bool = False) -> None:
+        console.say(f"self-heal: {text}", loud=loud)
 
 
 def after_preflight(
@@ -142,7 +139,6 @@ def after_preflight(
     *,
     state: Path,
     report: Path | None = None,
-    out: TextIO | None = None,
     wait_signal: Callable[[float | None], int | None] | None = None,
 ) -> int:
     """Count the preflight's result and act on it; returns the code the entry process should exit with.
@@ -152,17 +148,12 @@ def after_preflight(
     that a restart cannot fix: they are neither counted nor acted on."""
     if cfg.mode is SelfHealMode.OFF or (code != ExitCode.OK and code not in COUNTED):
         return code
-    out = out if out is not None else sys.stderr
     if not cfg.pod_id:
-        print(
-            f"podguard: self-heal: {ENV_MODE}={cfg.mode} needs {thispod.ENV_POD_ID} (set inside a RunPod pod); off",
-            file=out,
-            flush=True,
-        )
+        console.say(f"self-heal: {ENV_MODE}={cfg.mode} needs {thispod.ENV_POD_ID} (set inside a RunPod pod); off")
         return code
     from podguard.state import subdir
 
-    healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", out, wait_signal or _wait_signal)
+    healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", wait_signal or _wait_signal)
     if code == ExitCode.OK:
         if healer.state.failures or healer.state.parked:
             healer.state.failures, healer.state.parked = 0, False
@@ -200,16 +191,16 @@ def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
     thispod.require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=env)
 
 
-def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
+def stop_own_pod(code: int) -> int:
     """After the job: when it succeeded, end this pod's billing through the API (a pod stops; a cluster node deletes
     its cluster, as a guard does) and wait for RunPod to end this container; returns `code`.
 
     A failed request is one warning (the job's exit code wins); the container's restart then finds the job
     finished and tries again."""
     if code != ExitCode.OK:
-        console.say(f"job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)", stream=out)
+        console.say(f"job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)")
         return code
-    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod", out=out)  # RunPod's answer ends us
+    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod")  # RunPod's answer ends us
     return code
 
 
@@ -272,7 +263,7 @@ def replace_pod(healer: Healer, code: int) -> int:
     state.steps.append("replace")
     state.failures = 0
     healer.note("replace", "requested")
-    progress = Progress(healer.out)
+    progress = Progress()
     new = None
     try:
         api = _api()
@@ -315,11 +306,12 @@ def park(healer: Healer, code: int, report: Path | None) -> int:
     where = f"; report: {report}" if report else ""
     healer.say(
         f"PARKED: the preflight keeps failing (last exit {code}; tried: {tried}). The container stays up and idle "
-        f"instead of restarting{where}. From a laptop: `podguard pod heal {cfg.pod_id} --replace`"
+        f"instead of restarting{where}. From a laptop: `podguard pod heal {cfg.pod_id} --replace`",
+        loud=True,
     )
     # as a guard ends it: a pod stops, a cluster node deletes its cluster (a failure is one warning, then the idle)
     stop = cfg.park is ParkMode.STOP
-    if stop and request_end(cfg.pod_id, "self-heal", by="PODGUARD_PARK=stop", out=healer.out).asked is None:
+    if stop and request_end(cfg.pod_id, "self-heal", by="PODGUARD_PARK=stop").asked is None:
         healer.say("idling instead")
     got = healer.wait_signal(None)
     return signal_exit_code(got) if got is not None else code

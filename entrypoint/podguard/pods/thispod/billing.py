@@ -14,7 +14,6 @@ self-heal's `PODGUARD_PARK=stop`), then waiting for the signal with which RunPod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TextIO
 
 from podguard import console
 from podguard.errors import PodguardError
@@ -39,45 +38,45 @@ class Ended:
     cluster_id: str | None = None  # this pod is a member of this Instant Cluster (when the API could be read)
 
 
-def end_billing(pod_id: str, why: str, *, by: str | None = None, out: TextIO | None = None) -> Ended:
+def end_billing(pod_id: str, why: str, *, by: str | None = None) -> Ended:
     """Ask the API to end this pod's billing, then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S, default 120 s) for the
     signal with which RunPod ends this container. Signals are held from before the request, so a SIGTERM that
     follows it at once is neither lost nor kills podguard mid-line. `why` starts the one line said; `by` (the
     option that asked) ends it. A failed request is one warning line; the caller says what follows."""
     wait_s = Tuning.from_env().restart_wait_s
     with signals_held() as watched:
-        ended = request_end(pod_id, why, by=by, out=out)
+        ended = request_end(pod_id, why, by=by)
         if ended.asked is None:
             return ended
         return Ended(pod_id, ended.asked, next_signal(watched, wait_s), ended.cluster_id)
 
 
-def request_end(pod_id: str, why: str, *, by: str | None = None, out: TextIO | None = None) -> Ended:
+def request_end(pod_id: str, why: str, *, by: str | None = None) -> Ended:
     """The request alone (no wait): read this pod, then stop it or delete its cluster, saying so in one line."""
     pod: Pod | None = None
     try:
         api = open_api("rest")
         pod = api.get_pod(pod_id)
         if pod.cluster_id is None:
-            _stop_pod(api, pod, why, by, out)
+            _stop_pod(api, pod, why, by)
         else:
-            _delete_cluster(api, pod, why, by, out)
+            _delete_cluster(api, pod, why, by)
     except PodguardError as exc:
         if pod is not None and pod.cluster_id is not None:
             cid = pod.cluster_id
-            console.warn(f"could not delete cluster {cid} (pod {pod_id} is its node): {exc.message}", stream=out)
+            console.warn(f"could not delete cluster {cid} (pod {pod_id} is its node): {exc.message}")
             return Ended(pod_id, None, None, cid)
-        console.warn(f"could not stop pod {pod_id}: {exc.message}", stream=out)
+        console.warn(f"could not stop pod {pod_id}: {exc.message}")
         return Ended(pod_id, None)
     return Ended(pod_id, "stop" if pod.cluster_id is None else "cluster delete", None, pod.cluster_id)
 
 
-def _stop_pod(api: PodApi, pod: Pod, why: str, by: str | None, out: TextIO | None) -> None:
+def _stop_pod(api: PodApi, pod: Pod, why: str, by: str | None) -> None:
     act_on(api, pod, PodAction.STOP)  # already stopped is success
-    console.say(f"{why}: stopping pod {pod.id} ({by or 'billing ends'})", loud=True, stream=out)
+    console.say(f"{why}: stopping pod {pod.id} ({by or 'billing ends'})", loud=True)
 
 
-def _delete_cluster(api: PodApi, pod: Pod, why: str, by: str | None, out: TextIO | None) -> None:
+def _delete_cluster(api: PodApi, pod: Pod, why: str, by: str | None) -> None:
     """One line: why, what is deleted and why (already gone is success: another node's guard, or a retry of this
     delete whose first answer was lost)."""
     cid = pod.cluster_id
@@ -94,5 +93,4 @@ def _delete_cluster(api: PodApi, pod: Pod, why: str, by: str | None, out: TextIO
         f"{why}: this pod ({pod.id}) is {node} of Instant Cluster {cid}, whose pods cannot be stopped: {done} "
         "the whole cluster, all its nodes (network volumes stay; billing ends)" + (f" ({by})" if by else ""),
         loud=True,
-        stream=out,
     )
