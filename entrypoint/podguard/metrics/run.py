@@ -11,11 +11,11 @@ taken port or an unwritable file is exit 64 before the preflight touches anythin
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from podguard import console
 from podguard.metrics.state import GpuRow, MetricsState, Source
 from podguard.pods import thispod
 
@@ -98,7 +98,7 @@ def open_metrics(
     from podguard.metrics.server import MetricsServer
     from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
-    say = say or _say
+    say = say or console.say
     every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
     state = MetricsState(version=__version__, mode=str(mode), pod_id=thispod.pod_id())
     registry = snapshot_registry(state)
@@ -130,9 +130,3 @@ def _interval(raw: str | None, default: float) -> float:
     if not 0.05 <= value < float("inf"):
         raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds >= 0.05, e.g. 15")
     return value
-
-
-def _say(text: str) -> None:
-    """One write per line: the file's and the price's threads say things while the job's output flows."""
-    sys.stderr.write(f"podguard: {text}\n")
-    sys.stderr.flush()
