@@ -11,7 +11,7 @@ taken port or an unwritable file is exit 64 before the preflight touches anythin
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +39,10 @@ class Metrics:
         state: MetricsState,
         server: MetricsServer | None,
         writer: FileWriter | None,
-        say: Callable[[str], None],
     ) -> None:
         self.state = state
         self.server = server
         self.writer = writer
-        self.say = say
 
     def read_price(self, guards: GuardWatch | None, pod_id: str | None = None) -> None:
         """Inside a pod: its price, from the cost guard's read where there is one, else one read on a thread."""
@@ -57,7 +55,7 @@ class Metrics:
         if price is not None:
             self.state.set_price(price)
         else:
-            read_price_later(pod_id, self.state.set_price, self.say)
+            read_price_later(pod_id, self.state.set_price)
 
     def add_source(self, source: Source) -> None:
         """Series kept elsewhere (a row in metrics/series.py's SERIES each): see "Adding a series" there."""
@@ -86,9 +84,7 @@ class Metrics:
             self.server.close()
 
 
-def open_metrics(
-    *, port: int | None, path: Path | None, mode: str, say: Callable[[str], None] | None = None
-) -> Metrics | None:
+def open_metrics(*, port: int | None, path: Path | None, mode: str) -> Metrics | None:
     """The endpoint and the file, or None when neither is asked for. UsageError (64) when the port is taken or
     cannot be bound, or the file cannot be written: before anything runs."""
     if port is None and path is None:
@@ -98,24 +94,23 @@ def open_metrics(
     from podguard.metrics.server import MetricsServer
     from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
-    say = say or console.say
     every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
     state = MetricsState(version=__version__, mode=str(mode), pod_id=thispod.pod_id())
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
     try:
-        writer = FileWriter(path, registry, every_s=every_s, say=say) if path is not None else None
+        writer = FileWriter(path, registry, every_s=every_s, say=console.say) if path is not None else None
     except BaseException:
         if server is not None:
             server.close()
         raise
     if server is not None:
-        say(f"metrics: http://0.0.0.0:{port}/metrics")
+        console.say(f"metrics: http://0.0.0.0:{port}/metrics")
     if writer is not None:
-        say(f"metrics: {path} (every {every_s:g} s)")
+        console.say(f"metrics: {path} (every {every_s:g} s)")
         if (note := collector_note(writer.path)) is not None:
-            say(note)
-    return Metrics(state, server, writer, say)
+            console.say(note)
+    return Metrics(state, server, writer)
 
 
 def _interval(raw: str | None, default: float) -> float:
