@@ -16,6 +16,7 @@ from podguard import console
 from podguard.errors import ExitCode, UsageError
 from podguard.pods import thispod
 from podguard.pods.thispod.billing import end_billing, request_end
+from podguard.pods.thispod.key import in_pod_with_key, require_pod_and_key
 
 
 def running(world, record) -> None:
@@ -44,25 +45,25 @@ def test_the_pod_id_is_read_in_one_place(monkeypatch):
 
 def test_in_a_pod_with_a_key_needs_both(tmp_path):
     home = {"HOME": str(tmp_path)}  # no ~/.runpod/config.toml there
-    assert thispod.in_pod_with_key({**home, "RUNPOD_POD_ID": "p1", "RUNPOD_API_KEY": KEY}) == "p1"
-    assert thispod.in_pod_with_key({**home, "RUNPOD_POD_ID": "p1"}) is None
-    assert thispod.in_pod_with_key({**home, "RUNPOD_API_KEY": KEY}) is None
+    assert in_pod_with_key({**home, "RUNPOD_POD_ID": "p1", "RUNPOD_API_KEY": KEY}) == "p1"
+    assert in_pod_with_key({**home, "RUNPOD_POD_ID": "p1"}) is None
+    assert in_pod_with_key({**home, "RUNPOD_API_KEY": KEY}) is None
 
 
 def test_an_option_that_acts_on_this_pod_is_64_naming_what_is_missing(tmp_path):
     home = {"HOME": str(tmp_path)}
     with pytest.raises(UsageError) as outside:
-        thispod.require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=home)
+        require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=home)
     assert outside.value.code == ExitCode.USAGE
     assert (
         outside.value.message
         == "--on-exit=stop-pod needs RUNPOD_POD_ID (RunPod sets it inside a pod); use exit or idle"
     )
     with pytest.raises(UsageError) as no_key:
-        thispod.require_pod_and_key("--max-cost", hint="", env={**home, "RUNPOD_POD_ID": "p1"})
+        require_pod_and_key("--max-cost", hint="", env={**home, "RUNPOD_POD_ID": "p1"})
     assert no_key.value.message.startswith("--max-cost needs the RunPod API key: ")
     env = {**home, "RUNPOD_POD_ID": "p1", "RUNPOD_API_KEY": KEY}
-    assert thispod.require_pod_and_key("--max-cost", hint="", env=env) == "p1"
+    assert require_pod_and_key("--max-cost", hint="", env=env) == "p1"
 
 
 def test_a_pod_is_stopped(standin):  # noqa: F811

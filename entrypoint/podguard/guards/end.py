@@ -20,8 +20,8 @@ from podguard import console
 from podguard.errors import ExitCode, signal_exit_code
 from podguard.guards.watch import GuardWatch, Phase, Trip
 from podguard.pause import next_signal, signals_held
-from podguard.pods import thispod
 from podguard.pods.thispod.billing import Ended, end_billing
+from podguard.pods.thispod.key import in_pod_with_key
 
 __all__ = ["end_after_trip", "idle_guarded"]
 
@@ -29,7 +29,7 @@ __all__ = ["end_after_trip", "idle_guarded"]
 def end_after_trip(trip: Trip) -> int:
     """The job is already ended: stop this pod or delete its cluster (and wait to be ended), or exit 124."""
     code = int(ExitCode.BILLING_GUARD)
-    pod_id = thispod.in_pod_with_key()
+    pod_id = in_pod_with_key()
     if pod_id is None:
         console.say(f"{trip.message}; not inside a RunPod pod with an API key: exiting {code}", loud=True)
         return code

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podguard.errors import UsageError
-from podguard.pods import thispod
+from podguard.pods.thispod.key import require_pod_and_key
 
 __all__ = ["DEFAULT_INTERVAL_S", "ENV_INTERVAL", "IDLE_UTILIZATION_PCT", "GuardSettings", "check_guards"]
 
@@ -64,4 +64,4 @@ def check_guards(settings: GuardSettings, env: Mapping[str, str] | None = None) 
     """--max-cost needs this pod's id and an API key (its cost/hr comes from the API): UsageError if not."""
     if settings.max_cost_usd is None:
         return
-    thispod.require_pod_and_key("--max-cost", hint=" and an API key; outside a pod use --max-runtime", env=env)
+    require_pod_and_key("--max-cost", hint=" and an API key; outside a pod use --max-runtime", env=env)

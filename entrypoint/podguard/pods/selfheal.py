@@ -28,6 +28,7 @@ from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_cod
 from podguard.pods import thispod
 from podguard.pods.mark import owned
 from podguard.pods.thispod.billing import end_billing, request_end
+from podguard.pods.thispod.key import require_pod_and_key
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -188,7 +189,7 @@ def _wait_signal(timeout: float | None) -> int | None:
 
 def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
     """`--on-exit stop-pod` is checked before the job runs: inside a pod, with an API key. UsageError if not."""
-    thispod.require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=env)
+    require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=env)
 
 
 def stop_own_pod(code: int) -> int:
