@@ -59,10 +59,10 @@ while True:
 
 def render_ms(rounds: int = 500) -> tuple[float, int]:
     """(median ms per render of a full 8-GPU, 8-rank snapshot, its size in bytes)."""
-    from podguard.guards.budget import Budget, Meter
     from podguard.launch.watch.gpu_faults import GpuFault
     from podguard.metrics.exposition import render, snapshot_registry
     from podguard.metrics.state import GpuRow, MetricsState
+    from podguard.pods.thispod.meter import Budget, Meter
     from podguard.rank.progress import Beat
 
     state = MetricsState(version="0.1.0", mode="per-gpu", pod_id="abc123")

@@ -12,11 +12,11 @@ import pytest
 
 from podguard.durations import format_duration, parse_duration, parse_usd
 from podguard.errors import UsageError
-from podguard.guards.budget import Budget, Meter
 from podguard.guards.sampler import IdleTracker, is_idle
 from podguard.guards.settings import GuardSettings
 from podguard.guards.watch import GuardWatch, Phase
 from podguard.launch.config import LaunchOptions
+from podguard.pods.thispod.meter import Budget, Meter
 
 
 @pytest.mark.parametrize(

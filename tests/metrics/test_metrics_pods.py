@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pods"))  # the sta
 
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
 
-from podguard.metrics.proxy import metrics_port_of
+from podguard.pods.proxy import metrics_port_of
 
 EXPOSED = A40_SPEC.replace('ports = ["22/tcp", "8888/http"]', 'ports = ["22/tcp", "9464/http"]').replace(
     'WANDB_PROJECT = "demo"', 'WANDB_PROJECT = "demo"\n    PODGUARD_METRICS_PORT = "9464"'

@@ -27,13 +27,13 @@ import pytest
 from metrics_support import free_port, parse, wait_for
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
-from podguard.guards.budget import Budget, Meter
 from podguard.job.store import store_series
 from podguard.launch.watch.gpu_faults import GpuFault
 from podguard.metrics.exposition import snapshot_registry
 from podguard.metrics.series import SERIES
 from podguard.metrics.server import MetricsServer
 from podguard.metrics.state import GpuRow, MetricsState
+from podguard.pods.thispod.meter import Budget, Meter
 from podguard.rank.progress import Beat
 from podguard.store.mirror import StoreStats
 

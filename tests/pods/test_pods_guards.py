@@ -198,6 +198,25 @@ def member(standin, cluster, rank: int):  # noqa: F811
     return next(p for p in standin.world.members(cluster) if p.rank == rank)
 
 
+def delete_then_sigterm(standin, cluster, proc: subprocess.Popen[str]) -> tuple[str, str]:  # noqa: F811
+    """Wait for the cluster's delete (a process that ends first, or never sees it, fails the test and is killed), then
+    SIGTERM the process as RunPod's delete does; its output."""
+    deletes = rf"^/v2/clusters/{cluster.id}$"
+    try:
+        wait_for(lambda: standin.calls("DELETE", deletes) or proc.poll() is not None, "the cluster delete", timeout=60)
+        if proc.poll() is not None:
+            pytest.fail(
+                f"podguard ended without deleting the cluster (exit {proc.returncode}):\n{proc.communicate()[1]}"
+            )
+        wait_for(lambda: cluster.id not in standin.world.clusters, "the cluster to go")
+        proc.send_signal(signal.SIGTERM)
+        return proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def deleted_by_runpod(standin, cluster, proc: subprocess.Popen[str]) -> tuple[str, str]:  # noqa: F811
     """Wait for the cluster's delete, then end the container's process as RunPod does (it terminates every node)."""
     deletes = rf"^/v2/clusters/{cluster.id}$"
@@ -281,6 +300,43 @@ def test_a_refused_cluster_delete_is_124_saying_how_to_end_it(standin, cluster, 
     assert f"the cluster is still billing: exiting 124; delete it by hand: podguard pod down {cluster.id}" in err
     assert "Traceback" not in err and KEY not in out + err
     assert standin.calls("POST", r"/action$") == [] and cluster.id in standin.world.clusters
+
+
+def test_on_exit_stop_pod_on_a_cluster_node_deletes_the_cluster_as_a_guard_does(standin, cluster, cli_node):  # noqa: F811
+    """One way to end this pod's billing: `--on-exit stop-pod` on a cluster node ends the cluster's billing exactly as
+    a guard does (a member cannot be stopped: RunPod answers 409 and the cluster would bill on), then waits for
+    RunPod's SIGTERM; the successful job's code wins."""
+    node1 = member(standin, cluster, 1)
+    args = ["train", "--on-exit", "stop-pod", "--mode", "single", "--", sys.executable, "-c", "pass"]
+    proc = start(cli_node, args, node1.id)
+    out, err = delete_then_sigterm(standin, cluster, proc)  # RunPod's delete ends the container
+    deletes = rf"^/v2/clusters/{cluster.id}$"
+    assert proc.returncode == 0, out + err  # the successful job's code
+    said = [line for line in err.splitlines() if "job succeeded" in line]
+    assert len(said) == 1, err
+    assert f"this pod ({node1.id}) is node1 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0]
+    assert "deleting the whole cluster, all its nodes (network volumes stay; billing ends)" in said[0]
+    assert "(--on-exit stop-pod)" in said[0]
+    assert standin.calls("POST", r"/action$") == []  # no stop asked of a member
+    assert len(standin.calls("DELETE", deletes)) == 1
+    assert all(p.status == "TERMINATED" for p in standin.world.pods.values())
+
+
+def test_park_stop_on_a_cluster_node_deletes_the_cluster(standin, cluster, cli_node):  # noqa: F811
+    """Self-heal's PODGUARD_PARK=stop ends the billing the same one way: a member's restart is refused (409), the
+    node parks, and the park deletes the cluster instead of asking a member stop that RunPod refuses too."""
+    cli_node.write(sc.retired_pages(gpu=3))  # the preflight fails (76)
+    node1 = member(standin, cluster, 1)
+    env = {"PODGUARD_SELF_HEAL": "restart", "PODGUARD_SELF_HEAL_AFTER": "1", "PODGUARD_PARK": "stop"}
+    proc = start(cli_node, ["train", "--mode", "single", "--", sys.executable, "-c", "pass"], node1.id, **env)
+    out, err = delete_then_sigterm(standin, cluster, proc)  # a parked container waits for a signal
+    deletes = rf"^/v2/clusters/{cluster.id}$"
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "restart failed" in err and "PARKED" in err, err
+    said = [line for line in err.splitlines() if "(PODGUARD_PARK=stop)" in line]
+    assert len(said) == 1 and f"is node1 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0], err
+    assert [json.loads(c.body)["action"] for c in standin.calls("POST", r"/action$")] == ["restart"]  # (refused)
+    assert len(standin.calls("DELETE", deletes)) == 1
 
 
 # -- outside a pod --------------------------------------------------------------------------------------------------

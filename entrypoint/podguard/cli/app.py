@@ -20,6 +20,7 @@ from typer._click import exceptions as click_exc
 
 from podguard import __version__
 from podguard.errors import ExitCode, PodguardError
+from podguard.pods import thispod
 
 app = typer.Typer(
     name="podguard",
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
 def _end_in_pod(args: list[str], code: int, message: str) -> None:
     """Inside a pod, `train`/`run` refused before its run began still says END (kind preflight): a keeper reading
     the pod's log stops the pod instead of waiting on a container that restarts into the same refusal."""
-    if args and args[0] in ("train", "run") and os.environ.get("RUNPOD_POD_ID"):
+    if args and args[0] in ("train", "run") and thispod.pod_id():
         from podguard.outcome_lines import end_line
 
         print(end_line(args[0], "preflight", code, 0, message), file=sys.stderr, flush=True)

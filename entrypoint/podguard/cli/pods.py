@@ -9,12 +9,12 @@ Exit codes (PRODUCT.md): 64 bad spec/arguments or an action the status does not 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from podguard import console
 from podguard.cli.pod_common import (
     Adopt,
     Api,
@@ -262,7 +262,7 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     if wanted in (PodAction.TERMINATE, PodAction.STOP):  # the user's word: written, keepers ended, swept
         from podguard.pods.keeper.down import down_or_stop  # lazy: the CLI loads a command's modules when it runs
 
-        down_or_stop(client, ref, wanted, as_json=as_json, say=_say, emit=emit)
+        down_or_stop(client, ref, wanted, as_json=as_json, say=console.say, emit=emit)
         return
     target = find_target(client, ref)
     if is_cluster(target):
@@ -272,17 +272,13 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     else:
         assert target is not None
         result = act_on(client, target, wanted)
-    _say(result.message)
+    console.say(result.message)
     if wanted is PodAction.START and not isinstance(target, Member):
-        say_unkept(client, target.name, _say)
+        say_unkept(client, target.name, console.say)
     if as_json:
         show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
     elif result.pod is not None:
         print(f"{result.pod.id}  {result.pod.status}")
-
-
-def _say(text: str) -> None:
-    print(f"podguard: {text}", file=sys.stderr)
 
 
 @pod_app.command("stop")

@@ -11,14 +11,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from podguard.errors import PodguardError, UsageError
+from podguard.errors import UsageError
+from podguard.pods.thispod.key import require_pod_and_key
 
 __all__ = ["DEFAULT_INTERVAL_S", "ENV_INTERVAL", "IDLE_UTILIZATION_PCT", "GuardSettings", "check_guards"]
 
 IDLE_UTILIZATION_PCT = 5  # a GPU at or below this utilisation counts as idle
 DEFAULT_INTERVAL_S = 10.0  # how often the idle guard samples the GPUs (one NVML call per GPU)
 ENV_INTERVAL = "PODGUARD_GUARD_INTERVAL"  # tests shorten it; not a user-facing option
-ENV_POD_ID = "RUNPOD_POD_ID"
 
 
 @dataclass(frozen=True)
@@ -64,15 +64,4 @@ def check_guards(settings: GuardSettings, env: Mapping[str, str] | None = None) 
     """--max-cost needs this pod's id and an API key (its cost/hr comes from the API): UsageError if not."""
     if settings.max_cost_usd is None:
         return
-    env = os.environ if env is None else env
-    if not env.get(ENV_POD_ID, "").strip():
-        raise UsageError(
-            f"--max-cost needs {ENV_POD_ID} (RunPod sets it inside a pod) and an API key; outside a pod use "
-            "--max-runtime"
-        )
-    from podguard.pods.auth import load_api_key
-
-    try:
-        load_api_key(env)
-    except PodguardError as exc:
-        raise UsageError(f"--max-cost needs the RunPod API key: {exc.message}") from None
+    require_pod_and_key("--max-cost", hint=" and an API key; outside a pod use --max-runtime", env=env)

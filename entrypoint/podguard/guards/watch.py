@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
-from podguard.guards.budget import Budget
 from podguard.guards.sampler import IdleTracker, UtilizationSampler
-from podguard.guards.settings import ENV_POD_ID, IDLE_UTILIZATION_PCT, GuardSettings
+from podguard.guards.settings import IDLE_UTILIZATION_PCT, GuardSettings
+from podguard.pods import thispod
+from podguard.pods.thispod.meter import Budget, read_budget
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
@@ -261,9 +262,5 @@ def open_guards(settings: GuardSettings, say: Callable[[str], None]) -> GuardWat
         return None
     budget = None
     if settings.max_cost_usd is not None:
-        import os
-
-        from podguard.guards.budget import read_budget
-
-        budget = read_budget(os.environ.get(ENV_POD_ID, "").strip(), say)
+        budget = read_budget(thispod.pod_id(), say)
     return GuardWatch(settings, budget, say)

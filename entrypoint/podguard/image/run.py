@@ -28,6 +28,7 @@ from podguard.image import LABEL_MANAGED, LABEL_POD
 from podguard.image.engine import engine_error, has_nvidia_runtime
 from podguard.image.gpus import GpuHolder, GpuSet, find_holders
 from podguard.image.podspec import LocalPodSpec
+from podguard.pods import thispod
 
 if TYPE_CHECKING:
     import docker
@@ -186,7 +187,7 @@ def _volume(client: docker.DockerClient, spec: LocalPodSpec, name: str) -> dict[
 def _environment(req: RunRequest, pod_id: str, gpus: GpuSet, notes: list[str]) -> dict[str, str]:
     env, missing = resolve_env(req.spec.env, os.environ)
     notes += missing
-    env["RUNPOD_POD_ID"] = pod_id
+    env[thispod.ENV_POD_ID] = pod_id
     if not gpus.everything:  # "all": the preflight counts what the container sees
         env["RUNPOD_GPU_COUNT"] = str(gpus.count or len(gpus.ids))
     if req.spec.ssh and "PUBLIC_KEY" not in env and "PUBLIC_KEY" not in req.env:

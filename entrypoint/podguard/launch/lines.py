@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from itertools import repeat
 
+from podguard.rank.marks import ACTIVITY, HIDDEN
+
 __all__ = [
     "ACTIVITY",
     "CONT_END",
@@ -39,13 +41,7 @@ __all__ = [
 LINE_CAP = 64 * 1024  # the longest chunk emitted as one line
 CONT_END = b" [podguard: line continues]"
 CONT_START = b"[podguard: continued] "
-# Put before a line that goes to the log files and the watch but not to the terminal (the torchrun rank
-# wrapper marks the lines of ranks `--only-gpu` hides). An OSC string: a terminal that got one would show nothing.
-HIDDEN = b"\x1b]podguard-hidden\x07"
-# A line that only says "this rank wrote output without a line end" (a dot per step): the torchrun rank wrapper holds
-# a partial line until its end (ranks never interleave mid-line) and sends this instead, at most once a second. It
-# is activity for the watch and goes nowhere else (an OSC string too: a terminal would show nothing).
-ACTIVITY = b"\x1b]podguard-activity\x07"
+# HIDDEN and ACTIVITY: the rank wrapper's marks (rank/marks.py), re-exported for the line handling here.
 # CSI sequences other than SGR (colours): cursor moves and erases (tqdm's `ESC[A`, rich's `ESC[2K`). Once `\r`
 # ends a line they would move the cursor over other lines, and a log file shows them as garbage.
 _CURSOR = rb"\x1b\[[0-?]*[ -/]*[@-ln-~]"

@@ -27,6 +27,7 @@ from typing import Any
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
 from podguard.locks import NoFlock, local_lock_dir, lock_blocking, open_lock
+from podguard.pods import thispod
 from podguard.redact import redact_argv, redact_text
 from podguard.state import state_dir, write_private
 
@@ -113,7 +114,7 @@ def _run_from(data: Any) -> RunRecord | None:
 
 def pod_identity() -> str:
     """RUNPOD_POD_ID, else the hostname: a new pod mounting the same network volume is another place."""
-    return os.environ.get("RUNPOD_POD_ID", "").strip() or socket.gethostname()
+    return thispod.pod_id() or socket.gethostname()
 
 
 def job_key(

@@ -11,12 +11,13 @@ taken port or an unwritable file is exit 64 before the preflight touches anythin
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from podguard import console
 from podguard.metrics.state import GpuRow, MetricsState, Source
+from podguard.pods import thispod
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
 
 ENV_INTERVAL = "PODGUARD_METRICS_INTERVAL"  # seconds between --metrics-file writes (default 15)
-ENV_POD_ID = "RUNPOD_POD_ID"
 
 
 class Metrics:
@@ -39,25 +39,23 @@ class Metrics:
         state: MetricsState,
         server: MetricsServer | None,
         writer: FileWriter | None,
-        say: Callable[[str], None],
     ) -> None:
         self.state = state
         self.server = server
         self.writer = writer
-        self.say = say
 
     def read_price(self, guards: GuardWatch | None, pod_id: str | None = None) -> None:
         """Inside a pod: its price, from the cost guard's read where there is one, else one read on a thread."""
         from podguard.metrics.price import price_of_budget, read_price_later
 
-        pod_id = (pod_id if pod_id is not None else os.environ.get(ENV_POD_ID, "")).strip()
+        pod_id = (pod_id if pod_id is not None else thispod.pod_id()).strip()
         if not pod_id:
             return
         price = price_of_budget(guards.budget if guards is not None else None)
         if price is not None:
             self.state.set_price(price)
         else:
-            read_price_later(pod_id, self.state.set_price, self.say)
+            read_price_later(pod_id, self.state.set_price)
 
     def add_source(self, source: Source) -> None:
         """Series kept elsewhere (a row in metrics/series.py's SERIES each): see "Adding a series" there."""
@@ -86,9 +84,7 @@ class Metrics:
             self.server.close()
 
 
-def open_metrics(
-    *, port: int | None, path: Path | None, mode: str, say: Callable[[str], None] | None = None
-) -> Metrics | None:
+def open_metrics(*, port: int | None, path: Path | None, mode: str) -> Metrics | None:
     """The endpoint and the file, or None when neither is asked for. UsageError (64) when the port is taken or
     cannot be bound, or the file cannot be written: before anything runs."""
     if port is None and path is None:
@@ -98,24 +94,23 @@ def open_metrics(
     from podguard.metrics.server import MetricsServer
     from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
-    say = say or _say
     every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
-    state = MetricsState(version=__version__, mode=str(mode), pod_id=os.environ.get(ENV_POD_ID, "").strip())
+    state = MetricsState(version=__version__, mode=str(mode), pod_id=thispod.pod_id())
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
     try:
-        writer = FileWriter(path, registry, every_s=every_s, say=say) if path is not None else None
+        writer = FileWriter(path, registry, every_s=every_s, say=console.say) if path is not None else None
     except BaseException:
         if server is not None:
             server.close()
         raise
     if server is not None:
-        say(f"metrics: http://0.0.0.0:{port}/metrics")
+        console.say(f"metrics: http://0.0.0.0:{port}/metrics")
     if writer is not None:
-        say(f"metrics: {path} (every {every_s:g} s)")
+        console.say(f"metrics: {path} (every {every_s:g} s)")
         if (note := collector_note(writer.path)) is not None:
-            say(note)
-    return Metrics(state, server, writer, say)
+            console.say(note)
+    return Metrics(state, server, writer)
 
 
 def _interval(raw: str | None, default: float) -> float:
@@ -130,9 +125,3 @@ def _interval(raw: str | None, default: float) -> float:
     if not 0.05 <= value < float("inf"):
         raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds >= 0.05, e.g. 15")
     return value
-
-
-def _say(text: str) -> None:
-    """One write per line: the file's and the price's threads say things while the job's output flows."""
-    sys.stderr.write(f"podguard: {text}\n")
-    sys.stderr.flush()

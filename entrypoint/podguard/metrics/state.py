@@ -25,8 +25,8 @@ from podguard.rank.progress import Beat
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
-    from podguard.guards.budget import Budget
     from podguard.launch.watch.runtime import RuntimeWatch
+    from podguard.pods.thispod.meter import Budget
 
 __all__ = ["GPU_READ_S", "GpuRow", "MetricsState", "Rows", "Snapshot", "Source"]
 

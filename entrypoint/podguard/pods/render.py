@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from podguard.durations import format_duration
 from podguard.pods.model import Pod
+from podguard.pods.proxy import metrics_url
 
 __all__ = ["pod_details", "pod_table"]
 
@@ -77,8 +78,6 @@ def pod_details(pod: Pod) -> str:
     ]
     if pod.data_center:
         lines.append(f"where:    {pod.data_center}")
-    from podguard.metrics.proxy import metrics_url
-
     if (metrics := metrics_url(pod)) is not None:  # [env] PODGUARD_METRICS_PORT + ports = ["9464/http"]
         lines.append(f"metrics:  {metrics}")
     return "\n".join(lines)

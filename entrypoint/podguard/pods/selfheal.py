@@ -4,7 +4,7 @@
     code = after_preflight(pre.exit_code, heal_cfg, state=base, report=pre.report_path)
     code = stop_own_pod(code)                                 # --on-exit stop-pod, after a successful job
 
-Consecutive preflight failures (75/76) are counted in the state dir per RUNPOD_POD_ID, across container
+Consecutive preflight failures (75/76) are counted in the state dir per pod (by its id), across container
 restarts. After PODGUARD_SELF_HEAL_AFTER of them the next step of the ladder runs through the REST API for
 this pod: `restart`, then (PODGUARD_SELF_HEAL=replace) an identical pod is created, awaited until RUNNING,
 and this one terminated. It never loops: each step runs once per pod (a replacement does not replace
@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.pods import thispod
 from podguard.pods.mark import owned
+from podguard.pods.thispod.billing import end_billing, request_end
+from podguard.pods.thispod.key import require_pod_and_key
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -36,14 +39,12 @@ __all__ = [
     "SelfHealMode",
     "after_preflight",
     "check_stop_pod",
-    "stop_and_wait",
     "stop_own_pod",
 ]
 
 ENV_MODE = "PODGUARD_SELF_HEAL"
 ENV_AFTER = "PODGUARD_SELF_HEAL_AFTER"
 ENV_PARK = "PODGUARD_PARK"
-ENV_POD_ID = "RUNPOD_POD_ID"
 ENV_REPLACED_FROM = "PODGUARD_HEAL_REPLACED_FROM"  # set on a replacement: it never replaces again
 COUNTED = (ExitCode.GPUS_BUSY, ExitCode.GPU_UNHEALTHY)
 
@@ -83,7 +84,7 @@ class SelfHealConfig:
         raw = env.get(ENV_AFTER, "").strip() or "3"
         if not raw.isdigit() or int(raw) < 1:
             raise UsageError(f"{ENV_AFTER}={raw!r} is not valid; expected a whole number >= 1")
-        return cls(mode, int(raw), park, env.get(ENV_POD_ID, "").strip(), env.get(ENV_REPLACED_FROM, "").strip())
+        return cls(mode, int(raw), park, thispod.pod_id(env), env.get(ENV_REPLACED_FROM, "").strip())
 
     @property
     def ladder(self) -> tuple[str, ...]:
@@ -103,10 +104,8 @@ class _State:
 
 
 class Healer:
-    def __init__(
-        self, cfg: SelfHealConfig, path: Path, out: TextIO, wait_signal: Callable[[float | None], int | None]
-    ) -> None:
-        self.cfg, self.path, self.out, self.wait_signal = cfg, path, out, wait_signal
+    def __init__(self, cfg: SelfHealConfig, path: Path, wait_signal: Callable[[float | None], int | None]) -> None:
+        self.cfg, self.path, self.wait_signal = cfg, path, wait_signal
         self.state = self._load()
 
     def _load(self) -> _State:
@@ -131,8 +130,8 @@ class Healer:
         self.state.history = self.state.history[-50:]
         self.save()
 
-    def say(self, text: str) -> None:
-        print(f"podguard: self-heal: {text}", file=self.out, flush=True)
+    def say(self, text: str, *, loud: bool = False) -> None:
+        console.say(f"self-heal: {text}", loud=loud)
 
 
 def after_preflight(
@@ -141,7 +140,6 @@ def after_preflight(
     *,
     state: Path,
     report: Path | None = None,
-    out: TextIO | None = None,
     wait_signal: Callable[[float | None], int | None] | None = None,
 ) -> int:
     """Count the preflight's result and act on it; returns the code the entry process should exit with.
@@ -151,17 +149,12 @@ def after_preflight(
     that a restart cannot fix: they are neither counted nor acted on."""
     if cfg.mode is SelfHealMode.OFF or (code != ExitCode.OK and code not in COUNTED):
         return code
-    out = out if out is not None else sys.stderr
     if not cfg.pod_id:
-        print(
-            f"podguard: self-heal: {ENV_MODE}={cfg.mode} needs {ENV_POD_ID} (set inside a RunPod pod); off",
-            file=out,
-            flush=True,
-        )
+        console.say(f"self-heal: {ENV_MODE}={cfg.mode} needs {thispod.ENV_POD_ID} (set inside a RunPod pod); off")
         return code
     from podguard.state import subdir
 
-    healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", out, wait_signal or _wait_signal)
+    healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", wait_signal or _wait_signal)
     if code == ExitCode.OK:
         if healer.state.failures or healer.state.parked:
             healer.state.failures, healer.state.parked = 0, False
@@ -196,57 +189,20 @@ def _wait_signal(timeout: float | None) -> int | None:
 
 def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
     """`--on-exit stop-pod` is checked before the job runs: inside a pod, with an API key. UsageError if not."""
-    env = os.environ if env is None else env
-    if not env.get(ENV_POD_ID, "").strip():
-        raise UsageError(f"--on-exit=stop-pod needs {ENV_POD_ID} (RunPod sets it inside a pod); use exit or idle")
-    from podguard.pods.auth import load_api_key
-
-    try:
-        load_api_key(env)
-    except PodguardError as exc:
-        raise UsageError(f"--on-exit=stop-pod needs the RunPod API key: {exc.message}") from None
+    require_pod_and_key("--on-exit=stop-pod", hint="; use exit or idle", env=env)
 
 
-def stop_own_pod(code: int, *, out: TextIO | None = None) -> int:
-    """After the job: when it succeeded, stop this pod through the API so billing stops; returns `code`.
+def stop_own_pod(code: int) -> int:
+    """After the job: when it succeeded, end this pod's billing through the API (a pod stops; a cluster node deletes
+    its cluster, as a guard does) and wait for RunPod to end this container; returns `code`.
 
-    A failed stop is one warning (the job's exit code wins); the container's restart then finds the job
+    A failed request is one warning (the job's exit code wins); the container's restart then finds the job
     finished and tries again."""
-    out = out if out is not None else sys.stderr
     if code != ExitCode.OK:
-        print(
-            f"podguard: job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)",
-            file=out,
-            flush=True,
-        )
+        console.say(f"job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)")
         return code
-    pod_id = os.environ.get(ENV_POD_ID, "").strip()
-    stop_and_wait(pod_id, "job succeeded", "--on-exit stop-pod", out=out)  # the stop ends this container
+    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod")  # RunPod's answer ends us
     return code
-
-
-def stop_and_wait(pod_id: str, why: str, by: str, *, out: TextIO) -> tuple[bool, int | None]:
-    """Ask the API to stop this pod (already stopped is success), then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S,
-    default 120 s) for the signal with which RunPod ends this container: (requested, the signal or None).
-
-    The signals are held from before the request, so a SIGTERM that follows the request at once is not lost
-    (nor does it kill podguard mid-line); a failed request is one warning."""
-    from podguard.pause import next_signal, signals_held
-    from podguard.pods.actions import act_on
-    from podguard.pods.api import open_api
-    from podguard.pods.model import PodAction
-    from podguard.pods.tuning import Tuning
-
-    wait_s = Tuning.from_env().restart_wait_s
-    with signals_held() as watched:
-        try:
-            api = open_api("rest")
-            act_on(api, api.get_pod(pod_id), PodAction.STOP)
-        except PodguardError as exc:
-            print(f"podguard: warning: could not stop pod {pod_id}: {exc.message}", file=out, flush=True)
-            return False, None
-        print(f"podguard: {why}: stopping pod {pod_id} ({by})", file=out, flush=True)
-        return True, next_signal(watched, wait_s)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -308,7 +264,7 @@ def replace_pod(healer: Healer, code: int) -> int:
     state.steps.append("replace")
     state.failures = 0
     healer.note("replace", "requested")
-    progress = Progress(healer.out)
+    progress = Progress()
     new = None
     try:
         api = _api()
@@ -351,17 +307,12 @@ def park(healer: Healer, code: int, report: Path | None) -> int:
     where = f"; report: {report}" if report else ""
     healer.say(
         f"PARKED: the preflight keeps failing (last exit {code}; tried: {tried}). The container stays up and idle "
-        f"instead of restarting{where}. From a laptop: `podguard pod heal {cfg.pod_id} --replace`"
+        f"instead of restarting{where}. From a laptop: `podguard pod heal {cfg.pod_id} --replace`",
+        loud=True,
     )
-    if cfg.park is ParkMode.STOP:
-        from podguard.pods.actions import act_on
-        from podguard.pods.model import PodAction
-
-        try:
-            api = _api()
-            act_on(api, api.get_pod(cfg.pod_id), PodAction.STOP)
-            healer.say(f"stopping pod {cfg.pod_id} so it stops billing (PODGUARD_PARK=stop)")
-        except PodguardError as exc:
-            healer.say(f"could not stop pod {cfg.pod_id}: {exc.message}; idling instead")
+    # as a guard ends it: a pod stops, a cluster node deletes its cluster (a failure is one warning, then the idle)
+    stop = cfg.park is ParkMode.STOP
+    if stop and request_end(cfg.pod_id, "self-heal", by="PODGUARD_PARK=stop").asked is None:
+        healer.say("idling instead")
     got = healer.wait_signal(None)
     return signal_exit_code(got) if got is not None else code

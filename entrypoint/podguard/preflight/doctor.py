@@ -20,6 +20,7 @@ from typing import Any
 from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
+from podguard.pods import thispod
 from podguard.preflight.doctor_table import gpu_table
 from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
@@ -53,7 +54,7 @@ DISTRIBUTED_VARS = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )
 RUNPOD_VARS = (
-    "RUNPOD_POD_ID",
+    thispod.ENV_POD_ID,
     "RUNPOD_POD_HOSTNAME",
     "RUNPOD_GPU_COUNT",
     "RUNPOD_CPU_COUNT",

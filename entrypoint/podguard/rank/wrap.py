@@ -9,8 +9,8 @@ PIPE_BUF bytes (ranks never interleave mid-line; a rank `--show` leaves out mark
 keeps them off the terminal, while its watch and log files get every line; with `--activity=1` output without a
 line end, which it holds until the line ends, is told to podguard as an ACTIVITY mark), appends them to `rank{N}.log`
 (best-effort: a full volume costs the log, never the job), writes `podguard_exit.json` next to torch's error
-file, and then exits with the worker's code or dies by the worker's signal. Standard library only (and
-`launch/lines.py`, which imports nothing else); docs/torchrun.md.
+file, and then exits with the worker's code or dies by the worker's signal. Standard library only (and the marks of
+`rank/marks.py`, which imports nothing); docs/torchrun.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from podguard.errors import ExitCode, signal_exit_code
-from podguard.launch.lines import ACTIVITY, HIDDEN
+from podguard.rank.marks import ACTIVITY, HIDDEN
 
 __all__ = ["DEFAULT_RANK_PREFIX", "EXIT_FILE", "WRAP_MODULE", "main"]
 

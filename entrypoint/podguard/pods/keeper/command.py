@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.auth import load_api_key
@@ -95,9 +96,9 @@ def keep(request: KeepRequest, open_client: Callable[[PodSpec | None], PodApi]) 
 
 def _cannot_go_on(exc: PodguardError, open_client: Callable[[PodSpec | None], PodApi]) -> None:
     """Inside a keeper pod: stop it (its logs keep the reason), else park; never a crash loop."""
-    _say(f"error: {exc.message} (exit {int(exc.code)})")
+    console.say(f"error: {exc.message} (exit {int(exc.code)})", loud=True)
     try:
-        stopped = end_own_pod(open_client(None), _say, failed=exc.message)
+        stopped = end_own_pod(open_client(None), console.say, failed=exc.message)
     except PodguardError:
         stopped = False  # no client (a missing or unfilled key): nothing can stop it
     raw = os.environ.get(KNOBS["park_s"], "").strip()
@@ -140,10 +141,6 @@ def _emit(data: Any) -> None:
     print()
 
 
-def _say(text: str) -> None:
-    print(f"podguard: {text}", file=sys.stderr, flush=True)
-
-
 def _refused(name: str, refused: Refused) -> UsageError:
     entry = refused.entry
     return UsageError(
@@ -175,17 +172,17 @@ def _deploy(
             )
 
         tuning = Tuning.from_env()
-        pod, action = deploy(client, spec, make_keeper, adopt=request.adopt, say=_say, poll_s=tuning.poll_s)
+        pod, action = deploy(client, spec, make_keeper, adopt=request.adopt, say=console.say, poll_s=tuning.poll_s)
     finally:
         local.close()
     if action == "reused":
         running = pod.env.get(ENV_SPEC_B64)
         if running is not None and running != make_keeper(0, "").env[ENV_SPEC_B64]:
-            _say(
+            console.say(
                 f"note: keeper pod {pod.name} keeps an older version of the spec; `podguard pod down {spec.name}` "
                 "and deploy again to change it"
             )
-    _say(
+    console.say(
         f"keeper pod {pod.name} ({pod.id}) {action}: it keeps {spec.name} with the key from RunPod secret {secret!r}; "
         f"`podguard pod logs {pod.name} --follow` shows its lines; `podguard pod down {spec.name}` ends both"
     )
@@ -212,15 +209,15 @@ def _keep_here(
     if isinstance(local, Refused):
         raise _refused(spec.name, local)
     if isinstance(local, Unregistered):
-        _say(
+        console.say(
             f"warning: the keepers' registry cannot be used ({local.why}): `pod down` on this machine reaches this "
             "keeper through the keep's record only (before its next action), and cannot wait for a create in flight"
         )
-    store = KeepStore.open(spec.name, warn=_say)
+    store = KeepStore.open(spec.name, warn=console.say)
     if not store.lock():
         local.close()
         raise UsageError(f"pod {spec.name} is kept already by another `podguard pod keep` with this state dir")
-    notifier = Notifier(notify, scrub=scrub, warn=_say, deadline_s=options.notify_s) if notify else None
+    notifier = Notifier(notify, scrub=scrub, warn=console.say, deadline_s=options.notify_s) if notify else None
     events = Events(spec.name, store, notifier=notifier, scrub=scrub)
     try:
         previous = None
@@ -297,7 +294,7 @@ def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
     nothing to poll for: no request can succeed, and a signal (RunPod's stop) ends the wait."""
     if stopped:
         return
-    _say(
+    console.say(
         f"error: {exc.message}; this keeper pod cannot stop itself, so it waits {wait_s:g} s before exiting (RunPod "
         "restarts it then): fix the secret and `podguard pod keep --deploy` again, or `podguard pod down` the keeper"
     )

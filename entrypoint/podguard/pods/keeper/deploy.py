@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from podguard.errors import UsageError
+from podguard.pods import thispod
 from podguard.pods.api import PodApi
 from podguard.pods.auth import ENV_BASE_URL
 from podguard.pods.errors import ApiError
@@ -211,7 +212,7 @@ def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None =
     """Inside a keeper pod: terminate this pod (the keep is over; a restarted container must not keep again).
     `failed`: the keeper hit an error no retry fixes (a refused key, a bad spec): stop the pod instead, so that
     RunPod does not restart it into the same error all night and its logs still say why."""
-    pod_id = os.environ.get("RUNPOD_POD_ID", "").strip()
+    pod_id = thispod.pod_id()
     if not pod_id:
         return False
     action = PodAction.STOP if failed else PodAction.TERMINATE

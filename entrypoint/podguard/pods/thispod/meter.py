@@ -1,7 +1,8 @@
-"""What this pod, or its whole Instant Cluster, has spent, read from the API once: `--max-cost` then needs no more
-requests.
+"""This pod's price and spend, or its whole Instant Cluster's, read from the API once: `--max-cost` and the metrics
+then need no more requests.
 
     budget = read_budget(pod_id, say)       # a pod: its cost/hr and start; a cluster member: every member's
+    price = read_price(pod_id)              # this pod's own meter alone (the metrics' price and spend series)
     budget.spent(time.monotonic())          # US dollars so far, an estimate
     budget.reached_at(150.0)                # the monotonic time at which 150 USD is spent
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from podguard.pods.model import Pod
+from podguard.pods.api import open_api
+from podguard.pods.clusters.rest import cluster_api
+from podguard.pods.model import Pod
+from podguard.pods.spend import seconds_since
 
-__all__ = ["Budget", "Meter", "budget_from", "read_budget"]
+__all__ = ["Budget", "Meter", "budget_from", "read_budget", "read_price"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,6 @@ def budget_from(
 ) -> Budget | None:
     """The budget of `pods` (this pod, or every member of `cluster_id`) read at wall-clock `wall`; None (with one
     line said) when the API gives no cost for any of them. A pod without a start time counts from now."""
-    from podguard.pods.spend import seconds_since
-
     what = f"pod {pod_id}" if cluster_id is None else f"cluster {cluster_id}"
     meters, no_cost, no_start = [], [], []
     for pod in pods:
@@ -102,13 +102,19 @@ def budget_from(
 
 def read_budget(pod_id: str, say: Callable[[str], None]) -> Budget | None:
     """This pod's GET; for a cluster member also its cluster's members (one request). None when there is no cost."""
-    from podguard.pods.api import open_api
-
     api = open_api("rest")
     pod = api.get_pod(pod_id)
     pods: Sequence[Pod] = [pod]
     if pod.cluster_id is not None:
-        from podguard.pods.clusters.rest import cluster_api
-
         pods = [m.pod for m in cluster_api(api).members(pod.cluster_id)]
     return budget_from(pod_id, pod.cluster_id, pods, time.time(), time.monotonic(), say)
+
+
+def read_price(pod_id: str, *, retry_for: float = 60.0) -> Budget | None:
+    """This pod's own meter: one GET (its retries last up to `retry_for` s); None when the API
+    gives it no price. Inside a cluster member it is this pod's own price (the cost guard sums the cluster's)."""
+    pod = open_api("rest", retry_for=retry_for).get_pod(pod_id)
+    wall, read_at = time.time(), time.monotonic()
+    if not pod.cost_per_hr:
+        return None
+    return Budget(pod_id, (Meter(pod_id, float(pod.cost_per_hr), seconds_since(pod.started_at, wall) or 0.0),), read_at)

@@ -5,7 +5,8 @@
 The URL exists when the pod runs podguard with a metrics port (`[env] PODGUARD_METRICS_PORT`, or `--metrics-port`
 in its args) and exposes that port over HTTP (`ports = ["9464/http"]`). RunPod forms the proxy address as
 `https://{POD_ID}-{INTERNAL_PORT}.proxy.runpod.net` (runpod/docs, pods/configuration/expose-ports.mdx).
-Standard library only: the laptop side imports it without prometheus_client.
+Standard library only: the laptop side imports it without prometheus_client. It lives in pods/ (not metrics/,
+which imports pods/ for this pod's price): the laptop's renderer is its only user.
 """
 
 from __future__ import annotations
