@@ -49,24 +49,24 @@ def configure_counted(
 
 
 def _count_refused_start(argv: list[str], mode: str, opts: PreflightOptions, exc: UsageError) -> None:
-    from podguard.launch import lifecycle
+    from podguard.job import restart_guard
     from podguard.state import state_dir
 
     try:
         base = state_dir(opts.state_dir)
     except PodguardError:
         return  # no state dir: nothing to count in
-    key = lifecycle.job_key(argv, mode, extra=[os.environ.get("GPU_LIST", "")])
-    decision = lifecycle.plan_launch(key, state=base)
-    if decision.delay_s > 0 and lifecycle.backoff_wait(decision, out=sys.stderr) is not None:
+    key = restart_guard.job_key(argv, mode, extra=[os.environ.get("GPU_LIST", "")])
+    decision = restart_guard.plan_launch(key, state=base)
+    if decision.delay_s > 0 and restart_guard.backoff_wait(decision, out=sys.stderr) is not None:
         return  # a signal ended the pause: exit with the usage error now
-    lifecycle.record_run(
+    restart_guard.record_run(
         key=key,
         argv=argv,
         mode=mode,
         exit_code=exc.code,
         started_at=time.time(),
-        kind=lifecycle.RunKind.START,
+        kind=restart_guard.RunKind.START,
         detail=exc.message,
         root_cause="configuration",
         state=base,

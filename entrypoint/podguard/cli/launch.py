@@ -1,4 +1,4 @@
-"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over `cli/job.py` and `launch/sweep.py`."""
+"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over `cli/job.py` and `job/sweep.py`."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def sweep(
     name: str | None = typer.Option(None, "--name", envvar="PODGUARD_SWEEP_NAME", help="Sweep name (for logs)."),
 ) -> None:
     """Launch N concurrent `podguard train` runs of K GPUs each on this node (disjoint GPUs, distinct ports)."""
-    from podguard.launch.sweep import plan_sweep, run_sweep
+    from podguard.job.sweep import plan_sweep, run_sweep
     from podguard.preflight.inventory import read_inventory
     from podguard.preflight.selection import select_gpus
     from podguard.state import state_dir

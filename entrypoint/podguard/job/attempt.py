@@ -8,7 +8,7 @@ the heartbeat board and, with a hang timeout, torch's flight recorder settings; 
 PODGUARD_CHECKPOINTS and the newest whole checkpoint (PODGUARD_RESUME_FROM/_STEP, job/handoff.py). The run-time
 watch (hangs, GPU faults, stragglers: launch/watch/) and the billing guards (with `--save-signal`, a save request
 before they end the job: guards/save.py) watch from the supervisor's loop; the outcome is recorded for the restart
-guard (launch/lifecycle.py). `accelerate launch` gets the leased port as --main_process_port (job/accelerate.py).
+guard (job/restart_guard.py). `accelerate launch` gets the leased port as --main_process_port (job/accelerate.py).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def run_attempt(
 ) -> AttemptResult:
     """Port, prepare, the workers under supervision and watch, the outcome record. With `handoff`
     (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py)."""
-    from podguard.launch import lifecycle
+    from podguard.job import restart_guard
 
     started, t0 = time.time(), time.monotonic()
     run_dir = _run_dir(base)
@@ -128,7 +128,7 @@ def run_attempt(
         told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
         outcome = runtime.explain(told)
         seen = handoff.after(run_dir) if handoff is not None else None
-        record = lifecycle.record_outcome(
+        record = restart_guard.record_outcome(
             outcome if seen is None else replace(outcome, detail=_joined(seen.fragment(), outcome.detail)),
             key=key,
             argv=cfg.job_argv,
@@ -213,7 +213,7 @@ def _cluster_share(cfg: JobConfig) -> GateSettings | None:
     """A multi-node run with a hang timeout: the nodes share their progress (a hang is the job's verdict)."""
     if cfg.options.hang_timeout is None:
         return None
-    from podguard.job.cluster import cluster_share_settings
+    from podguard.job.multinode import cluster_share_settings
 
     return cluster_share_settings(cfg)
 

@@ -2,10 +2,10 @@
 
     code = run_job_flow(cfg, preflight_opts)
 
-1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (launch/lifecycle.py);
+1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (job/restart_guard.py);
    a budget already spent ends it here (guards/);
 2. each attempt: a fresh preflight (cleanup, selection, the gate; the GPUs stay leased from the first attempt
-   on), on a multi-node run the cluster gate (all nodes launch or none: job/cluster.py), then the workers under
+   on), on a multi-node run the cluster gate (all nodes launch or none: job/multinode.py), then the workers under
    supervision, the billing guards and the run-time watch (job/attempt.py); with `--checkpoints` the newest
    whole checkpoint is handed to each attempt (job/handoff.py);
 3. the outcome: success, a signal or a tripped guard end the job; a crash, a hang (79) or a GPU fault (76) is
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
 from podguard.gpu.selected import Selection
 from podguard.job.attempt import AttemptResult, run_attempt
-from podguard.job.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
+from podguard.job.multinode import cluster_gate_settings, pass_cluster_gate, worker_socket_env
 from podguard.job.restarts import Failure, RestartPolicy, made_progress
 from podguard.job.store import StoreSync, open_store_sync, store_series
 from podguard.launch.config import JobConfig, LaunchMode, OnExit
@@ -42,7 +42,7 @@ from podguard.redact import redact_command
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.job.handoff import AttemptCheckpoints, Handoff
-    from podguard.launch.lifecycle import LaunchDecision
+    from podguard.job.restart_guard import LaunchDecision
     from podguard.metrics import Metrics
     from podguard.pods.selfheal import SelfHealConfig
     from podguard.preflight.leases import GpuLease
@@ -123,7 +123,7 @@ class Conductor:
         metrics: Metrics | None = None,
         store: StoreSync | None = None,
     ) -> None:
-        from podguard.launch import lifecycle
+        from podguard.job import restart_guard
 
         self.cfg = cfg
         self.base = base
@@ -136,7 +136,7 @@ class Conductor:
             extra={**opts.extra, "command_line": f"podguard {opts.command} -- {redact_command(cfg.argv)}"},
         )
         self.command = opts.command
-        self.key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
+        self.key = restart_guard.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
         self.policy = RestartPolicy(cfg.options.restarts)
         self.lease: GpuLease | None = None
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
@@ -211,11 +211,11 @@ class Conductor:
 
     def restart_guard(self) -> int | None:
         """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
-        from podguard.launch import lifecycle
+        from podguard.job import restart_guard
 
-        decision = lifecycle.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
+        decision = restart_guard.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
         if decision.delay_s > 0:
-            got = lifecycle.backoff_wait(decision, out=sys.stderr)
+            got = restart_guard.backoff_wait(decision, out=sys.stderr)
             if got is not None:
                 return signal_exit_code(got)
         if self.guards is not None and (trip := self.guards.check(time.monotonic())) is not None:
@@ -225,24 +225,24 @@ class Conductor:
         # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
         # the clock starts after the pause, or long pauses would make quick crashes look slow
         self.record = partial(
-            lifecycle.record_run,
+            restart_guard.record_run,
             key=self.key,
             argv=self.cfg.job_argv,
             mode=self.cfg.mode,
             started_at=time.time(),
             state=self.base,
         )
-        if decision.action is lifecycle.LaunchAction.SKIP:
+        if decision.action is restart_guard.LaunchAction.SKIP:
             return self.skip(decision)
         return None
 
     def skip(self, decision: LaunchDecision) -> int:
-        from podguard.launch import lifecycle
+        from podguard.job import restart_guard
 
         assert self.record is not None
         if not decision.delay_s:
             _say(f"podguard: {decision.reason}")
-        skipped = self.record(exit_code=ExitCode.OK, kind=lifecycle.RunKind.SKIP)
+        skipped = self.record(exit_code=ExitCode.OK, kind=restart_guard.RunKind.SKIP)
         self.attempts = 0
         return self.end(Ending("success", ExitCode.OK, "finished before (not run again)", skipped or decision.record))
 
@@ -346,11 +346,11 @@ class Conductor:
         return f"{self.seen.fragment()}; {self.store.fragment()}"
 
     def _record_start(self, code: int, detail: str, root_cause: str) -> Path | None:
-        from podguard.launch import lifecycle
+        from podguard.job import restart_guard
 
         if self.record is None:
             return None
-        return self.record(exit_code=code, kind=lifecycle.RunKind.START, detail=detail, root_cause=root_cause)
+        return self.record(exit_code=code, kind=restart_guard.RunKind.START, detail=detail, root_cause=root_cause)
 
 
 def _open_metrics(cfg: JobConfig) -> Metrics | None:
@@ -399,7 +399,7 @@ def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | 
             if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
                 guards.watch_gpus(None)
             return idle_guarded(code, record, guards, out=sys.stderr)
-        from podguard.launch.lifecycle import idle
+        from podguard.job.restart_guard import idle
 
         return idle(code, record, out=sys.stderr)
     if cfg.options.on_exit is OnExit.STOP_POD:
