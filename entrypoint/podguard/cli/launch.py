@@ -1,4 +1,5 @@
-"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over `cli/job.py` and `job/sweep.py`."""
+"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over the conductor (job/conductor.py: one
+call, from the checks of the configuration to the END line) and `job/sweep.py`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 from podguard.cli.options import LAUNCH, PREFLIGHT
 from podguard.cli.params import Command, options
 from podguard.errors import ExitCode, PodguardError
+from podguard.job.conductor import conduct
 from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, LaunchOptions, demo_argv
 from podguard.preflight.options import PreflightOptions
 
@@ -32,8 +34,6 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="train")
 def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
     """Preflight, then launch CMD and supervise it to the end. Without CMD: the built-in demo training job."""
-    from podguard.cli.job import configure_counted, run_job_flow
-
     argv = list(command or [])
     demo = not argv and launch.job_file is None
     if demo:
@@ -44,7 +44,7 @@ def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None
             mode=auto if launch.mode is LaunchMode.AUTO else launch.mode,
             cpu_workers=DEMO_CPU_WORKERS if launch.cpu_workers is None else launch.cpu_workers,
         )
-    raise typer.Exit(run_job_flow(configure_counted(argv, launch, opts, demo=demo), opts))
+    raise typer.Exit(conduct(argv, launch, opts, demo=demo))
 
 
 @options(LAUNCH, RUN_LAUNCH, into="launch", mode=LaunchMode.SINGLE, rerun=True)
@@ -53,9 +53,7 @@ def run(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) 
     """The same preflight for any command (an inference server, a notebook), then run and supervise it.
 
     A restarted container starts it again (services are not "finished" like a training job)."""
-    from podguard.cli.job import configure_counted, run_job_flow
-
-    raise typer.Exit(run_job_flow(configure_counted(list(command or []), launch, opts), opts))
+    raise typer.Exit(conduct(list(command or []), launch, opts))
 
 
 @options(PREFLIGHT, ("gpu_list", "grace_s", "state_dir"), into="opts", command="sweep")

@@ -69,9 +69,11 @@ def run_attempt(
     attempt: int,
     metrics: Metrics | None = None,
     handoff: Handoff | None = None,
+    gate: GateSettings | None = None,
 ) -> AttemptResult:
     """Port, prepare, the workers under supervision and watch, the outcome record. With `handoff`
-    (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py)."""
+    (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py). With `gate` (a multi-node
+    run) and a hang timeout the nodes share their progress on the gate's store (a hang is the job's verdict)."""
     from podguard.job import restart_guard
 
     started, t0 = time.time(), time.monotonic()
@@ -92,7 +94,7 @@ def run_attempt(
     if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
         for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
             _say(f"podguard: {warning}")
-    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
+    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode, gate), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
     try:
@@ -186,7 +188,7 @@ def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch, handoff: Handoff | 
 
 
 def _runtime_settings(
-    cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode
+    cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode, gate: GateSettings | None
 ) -> RuntimeSettings:
     o = cfg.options
     line_prefix = line_rank = None
@@ -205,17 +207,8 @@ def _runtime_settings(
         python=_job_python(cfg.argv),
         line_prefix=line_prefix,
         line_rank=line_rank,
-        cluster=_cluster_share(cfg),
+        cluster=gate if o.hang_timeout is not None else None,
     )
-
-
-def _cluster_share(cfg: JobConfig) -> GateSettings | None:
-    """A multi-node run with a hang timeout: the nodes share their progress (a hang is the job's verdict)."""
-    if cfg.options.hang_timeout is None:
-        return None
-    from podguard.job.multinode import cluster_share_settings
-
-    return cluster_share_settings(cfg)
 
 
 def _job_python(argv: tuple[str, ...]) -> str | None:

@@ -1,7 +1,10 @@
-"""The lifecycle of one `podguard train|run`: attempt -> preflight -> launch -> watch -> outcome -> restart or end.
+"""The lifecycle of one `podguard train|run`: configure -> attempt -> preflight -> launch -> watch -> outcome ->
+restart or end. The CLI's one call:
 
-    code = run_job_flow(cfg, preflight_opts)
+    code = conduct(["python", "train.py"], launch_options, preflight_opts, demo=False)
 
+0. every check of the options and the environment (job/configure.py: 64 before anything runs), then what the run
+   opens before anything starts: the metrics port and file, the billing guards, the checkpoint store;
 1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (job/restart_guard.py);
    a budget already spent ends it here (guards/);
 2. each attempt: a fresh preflight (cleanup, selection, the gate; the GPUs stay leased from the first attempt
@@ -11,70 +14,73 @@
 3. the outcome: success, a signal or a tripped guard end the job; a crash, a hang (79) or a GPU fault (76) is
    relaunched while `--restarts` allow and no crash loop is seen (job/restarts.py; a new whole checkpoint is
    progress), after an announced pause;
-4. the END line (outcome_lines.py; with `--checkpoints` it names the checkpoint the last attempt started from and
-   the newest at its end), then `--on-exit` (or, when a guard ended the job, stop this pod / 124).
+4. the END line, exactly once, around the whole run (job/ending.py; with `--checkpoints` it names the checkpoint the
+   last attempt started from and the newest at its end), then `--on-exit` (or, when a guard ended the job, stop
+   this pod / 124). A PodguardError ends the command: its END line, its one-line error, its exit code.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard import console
+from podguard.errors import ExitCode, PodguardError, signal_exit_code
 from podguard.gpu.selected import Selection
+from podguard.job import restart_guard
 from podguard.job.attempt import AttemptResult, run_attempt
-from podguard.job.multinode import cluster_gate_settings, pass_cluster_gate, worker_socket_env
-from podguard.job.restarts import Failure, RestartPolicy, made_progress
+from podguard.job.configure import JobSettings, configure_counted
+from podguard.job.ending import Ending, EndOfRun
+from podguard.job.multinode import pass_cluster_gate, worker_socket_env
+from podguard.job.restarts import Failure, FailureKind, RestartPolicy, made_progress
 from podguard.job.store import StoreSync, open_store_sync, store_series
-from podguard.launch.config import JobConfig, LaunchMode, OnExit
-from podguard.outcome_lines import end_line, restart_line
+from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit
+from podguard.outcome_lines import EndKind, restart_line
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import PreflightResult, run_preflight
 from podguard.redact import redact_command
+from podguard.state import state_dir
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.job.handoff import AttemptCheckpoints, Handoff
-    from podguard.job.restart_guard import LaunchDecision
     from podguard.metrics import Metrics
     from podguard.pods.selfheal import SelfHealConfig
     from podguard.preflight.leases import GpuLease
 
-__all__ = ["check_restarts", "guarded", "run_job_flow"]
+__all__ = ["Conductor", "conduct", "run_job"]
 
 
-def guarded(cfg: JobConfig) -> bool:
-    o = cfg.options
-    return any(v is not None for v in (o.idle_stop, o.max_runtime, o.max_cost))
-
-
-def check_restarts(cfg: JobConfig) -> None:
-    """`--restarts` relaunches this node's job: a multi-node run restarts through torchrun instead (64)."""
-    if cfg.options.restarts and cfg.multi_node:
-        raise UsageError(
-            f"--restarts={cfg.options.restarts} relaunches one node's job; on a multi-node run use --max-restarts "
-            "(torchrun restarts the worker group on every node together)"
-        )
-
-
-def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
-    """Run the whole lifecycle and return the process exit code (see the module docstring)."""
-    from podguard.state import state_dir
-
-    base = state_dir(opts.state_dir)
-    heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
-    metrics = guards = store = None
-    conductor: Conductor | None = None
+def conduct(argv: list[str], options: LaunchOptions, opts: PreflightOptions, *, demo: bool = False) -> int:
+    """`podguard train|run`, whole: the module docstring's steps with exactly one END line; the exit code."""
+    end = EndOfRun(opts.command)
     try:
-        metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
-        guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+        with end.around():
+            settings = configure_counted(argv, options, opts, demo=demo)
+            base = state_dir(opts.state_dir)
+            end.started = True
+            return run_job(settings, opts, base, end)
+    except PodguardError as exc:
+        console.line(f"podguard: error: {exc.message}", loud=True)
+        return exc.code
+
+
+def run_job(settings: JobSettings, opts: PreflightOptions, base: Path, end: EndOfRun) -> int:
+    """Open what the run holds (metrics, guards, the store: a taken port or a missing bucket is 64 here, before
+    anything runs), run the lifecycle, close them."""
+    cfg = settings.launch
+    metrics = guards = store = None
+    try:
+        metrics = _open_metrics(settings)  # --metrics-port/--metrics-file: a taken port is exit 64
+        guards = _open_guards(settings)  # --max-cost reads this pod's cost/hr and start from the API, once
         if metrics is not None:
             metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
         # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
@@ -82,14 +88,7 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
         if metrics is not None and store is not None:
             sync = store
             metrics.add_source(lambda: store_series(sync.mirror.stats()))
-        conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics, store=store)
-        return conductor.run()
-    except PodguardError as exc:  # a run that started says how it ended, once (`pod keep` reads it)
-        if conductor is None or not conductor.ended:
-            attempts = conductor.attempts if conductor is not None else 0
-            _say(end_line(opts.command, "preflight", exc.code, attempts, exc.message))
-        exc.end_said = True
-        raise
+        return Conductor(settings, opts, base, end, guards, metrics=metrics, store=store).run()
     finally:
         if store is not None:
             store.close()
@@ -99,35 +98,26 @@ def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
             metrics.close()  # the port closes; the file keeps its last values
 
 
-@dataclass
-class Ending:
-    """How the job ended, before `--on-exit`: the END line's kind and code, the record to point at."""
-
-    kind: str
-    code: int
-    detail: str
-    record: Path | None = None
-
-
 class Conductor:
     """One job's lifecycle; `run()` is the loop of the module docstring."""
 
     def __init__(
         self,
-        cfg: JobConfig,
+        settings: JobSettings,
         opts: PreflightOptions,
         base: Path,
-        heal: SelfHealConfig | None,
+        end: EndOfRun,
         guards: GuardWatch | None,
         *,
         metrics: Metrics | None = None,
         store: StoreSync | None = None,
     ) -> None:
-        from podguard.job import restart_guard
-
+        cfg = settings.launch
+        self.settings = settings
         self.cfg = cfg
         self.base = base
-        self.heal = heal
+        self.end_of_run = end  # the END line: said once, by `end()` or (an error) around the run
+        self.heal = settings.self_heal
         self.guards = guards
         self.metrics = metrics
         self.opts = replace(
@@ -140,14 +130,20 @@ class Conductor:
         self.policy = RestartPolicy(cfg.options.restarts)
         self.lease: GpuLease | None = None
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
-        self.attempts = 0
-        self.ended = False  # the END line was said
         self.record: Callable[..., Path | None] | None = None
         self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
         self.store = store  # --checkpoint-store: restored before each attempt, mirrored during it
         if self.handoff is not None:
             self.handoff.store = store
         self.seen: AttemptCheckpoints | None = None  # the last attempt's checkpoints (END and RESTART name them)
+
+    @property
+    def attempts(self) -> int:
+        return self.end_of_run.attempts
+
+    @attempts.setter
+    def attempts(self, value: int) -> None:
+        self.end_of_run.attempts = value
 
     # -- the lifecycle ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -164,7 +160,7 @@ class Conductor:
                 self.lease.release()
 
     def attempts_until_the_end(self) -> int:
-        gate = cluster_gate_settings(self.cfg)  # multi-node: bad values are 64 before anything is leased or stopped
+        gate = self.settings.gate  # multi-node: checked by configure()
         socket_env, notes = worker_socket_env()  # NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR
         for attempt in itertools.count():
             self.attempts = attempt + 1
@@ -176,7 +172,7 @@ class Conductor:
             if passed is not None and not passed.launch:  # another node failed or did not come: nobody launches
                 detail = passed.detail or "cluster gate"
                 stopped = self._record_start(passed.code, detail, "cluster gate")
-                return self.end(Ending("preflight", passed.code, detail, stopped))
+                return self.end(Ending(EndKind.PREFLIGHT, passed.code, detail, stopped))
             if passed is None and attempt == 0:
                 _say_all(notes)
             assert pre.selection is not None
@@ -191,6 +187,7 @@ class Conductor:
                 attempt=attempt,
                 metrics=self.metrics,
                 handoff=self.handoff,
+                gate=gate,
             )
             self.seen = result.checkpoints
             for fault in result.runtime.faults:
@@ -206,13 +203,11 @@ class Conductor:
                 return self.end(self.ending_of(result, failure))
             got = self.pause(attempt + 1, decision.delay_s, failure)
             if got is not None:
-                return self.end(Ending("signal", signal_exit_code(got), "a signal during the restart pause"))
+                return self.end(Ending(EndKind.SIGNAL, signal_exit_code(got), "a signal during the restart pause"))
         raise AssertionError("unreachable")
 
     def restart_guard(self) -> int | None:
         """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
-        from podguard.job import restart_guard
-
         decision = restart_guard.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
         if decision.delay_s > 0:
             got = restart_guard.backoff_wait(decision, out=sys.stderr)
@@ -236,15 +231,14 @@ class Conductor:
             return self.skip(decision)
         return None
 
-    def skip(self, decision: LaunchDecision) -> int:
-        from podguard.job import restart_guard
-
+    def skip(self, decision: restart_guard.LaunchDecision) -> int:
         assert self.record is not None
         if not decision.delay_s:
             _say(f"podguard: {decision.reason}")
         skipped = self.record(exit_code=ExitCode.OK, kind=restart_guard.RunKind.SKIP)
         self.attempts = 0
-        return self.end(Ending("success", ExitCode.OK, "finished before (not run again)", skipped or decision.record))
+        ending = Ending(EndKind.SUCCESS, ExitCode.OK, "finished before (not run again)", skipped or decision.record)
+        return self.end(ending)
 
     def preflight(self, attempt: int) -> PreflightResult:
         """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
@@ -262,7 +256,7 @@ class Conductor:
         healed = _self_heal(self.heal, pre.exit_code, self.base, pre.report_path)  # may restart/replace/park the pod
         if healed != pre.exit_code:
             return healed
-        return self.end(Ending("preflight", pre.exit_code, "", failed))  # its summary said why
+        return self.end(Ending(EndKind.PREFLIGHT, pre.exit_code, "", failed))  # its summary said why
 
     def failure_of(self, result: AttemptResult) -> Failure | None:
         """What a relaunch would answer, or None when the attempt ended the job (success, signal, guard)."""
@@ -283,13 +277,13 @@ class Conductor:
         if watch.hang is not None and result.code == ExitCode.HUNG:
             what = f"ranks {','.join(map(str, watch.hang.ranks))}" if watch.hang.ranks else "no progress"
             # an attempt that hung before its first line or heartbeat made no progress, however long it ran
-            return Failure(result.code, "hang", what, (progressed and progress.seen) or saved)
+            return Failure(result.code, FailureKind.HANG, what, (progressed and progress.seen) or saved)
         fatal = [f for f in watch.faults if f.fatal]
         if fatal and result.code == ExitCode.GPU_UNHEALTHY:
             first = fatal[0]
             what = f"GPU {first.index} " + (f"Xid {first.xid}" if first.xid is not None else first.kind)
-            return Failure(result.code, "gpu_fault", what, progressed)
-        return Failure(result.code, "crash", "", progressed)  # the exit code tells one crash from another
+            return Failure(result.code, FailureKind.GPU_FAULT, what, progressed)
+        return Failure(result.code, FailureKind.CRASH, "", progressed)  # the exit code tells one crash from another
 
     def pause(self, number: int, delay_s: float, failure: Failure) -> int | None:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
@@ -300,8 +294,6 @@ class Conductor:
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
-            import signal
-
             _say(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
         return got
 
@@ -309,29 +301,29 @@ class Conductor:
         outcome = result.outcome
         if self.guards is not None and self.guards.tripped is not None:
             trip = self.guards.tripped  # (its own line, next, says why and what it does about the pod)
-            return Ending("guard", ExitCode.BILLING_GUARD, trip.guard, result.record)
+            return Ending(EndKind.GUARD, ExitCode.BILLING_GUARD, trip.guard, result.record)
         if outcome.signal is not None:
-            kind = "signal"
+            kind = EndKind.SIGNAL
         elif result.code == ExitCode.OK:
-            kind = "success"
-        elif failure is not None and failure.kind == "hang":
-            kind = "hung"
-        elif failure is not None and failure.kind == "gpu_fault":
-            kind = "gpu-fault"
+            kind = EndKind.SUCCESS
+        elif failure is not None:
+            kind = FailureKind(failure.kind).end_kind  # failed | hung | gpu-fault
         else:
-            kind = "failed"
+            kind = EndKind.FAILED
         return Ending(kind, result.code, result.explained, result.record)  # the summary said the rest already
 
     def end(self, ending: Ending) -> int:
         """The END line, then what comes after the job: a guard stops the pod (or 124), else `--on-exit`."""
-        if self.store is not None and ending.kind not in ("guard", "signal"):  # (a guard's save waited already)
+        if self.store is not None and ending.kind not in (
+            EndKind.GUARD,
+            EndKind.SIGNAL,
+        ):  # (a guard's save waited already)
             self.store.flush(self.cfg.options.save_grace)  # the newest checkpoint reaches the store first
         detail = ending.detail
         if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
             detail = f"{self.fragment()}; {detail}" if detail else self.fragment()
-        _say(end_line(self.command, ending.kind, ending.code, self.attempts, detail))
-        self.ended = True
-        if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
+        self.end_of_run.say(ending.kind, ending.code, detail)
+        if ending.kind == EndKind.GUARD and self.guards is not None and self.guards.tripped is not None:
             from podguard.guards.end import end_after_trip
 
             return end_after_trip(self.guards.tripped)
@@ -346,20 +338,19 @@ class Conductor:
         return f"{self.seen.fragment()}; {self.store.fragment()}"
 
     def _record_start(self, code: int, detail: str, root_cause: str) -> Path | None:
-        from podguard.job import restart_guard
-
         if self.record is None:
             return None
         return self.record(exit_code=code, kind=restart_guard.RunKind.START, detail=detail, root_cause=root_cause)
 
 
-def _open_metrics(cfg: JobConfig) -> Metrics | None:
-    o = cfg.options
+def _open_metrics(settings: JobSettings) -> Metrics | None:
+    o = settings.launch.options
     if o.metrics_port is None and o.metrics_file is None:
         return None
     from podguard.metrics import open_metrics
 
-    return open_metrics(port=o.metrics_port, path=o.metrics_file, mode=str(cfg.mode))
+    every_s = settings.metrics_every_s
+    return open_metrics(port=o.metrics_port, path=o.metrics_file, mode=str(settings.launch.mode), every_s=every_s)
 
 
 def _handoff(cfg: JobConfig) -> Handoff | None:
@@ -370,12 +361,12 @@ def _handoff(cfg: JobConfig) -> Handoff | None:
     return Handoff(cfg.options.checkpoints, _say)
 
 
-def _open_guards(cfg: JobConfig) -> GuardWatch | None:
-    if not guarded(cfg):
+def _open_guards(settings: JobSettings) -> GuardWatch | None:
+    if settings.guards is None:
         return None
-    from podguard.guards import GuardSettings, open_guards
+    from podguard.guards import open_guards
 
-    return open_guards(GuardSettings.from_options(cfg.options), lambda text: _say(f"podguard: {text}"))
+    return open_guards(settings.guards, lambda text: _say(f"podguard: {text}"))
 
 
 def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
@@ -399,23 +390,12 @@ def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | 
             if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
                 guards.watch_gpus(None)
             return idle_guarded(code, record, guards, out=sys.stderr)
-        from podguard.job.restart_guard import idle
-
-        return idle(code, record, out=sys.stderr)
+        return restart_guard.idle(code, record, out=sys.stderr)
     if cfg.options.on_exit is OnExit.STOP_POD:
         from podguard.pods.selfheal import stop_own_pod
 
         return stop_own_pod(code)
     return code
-
-
-def _self_heal_config() -> SelfHealConfig | None:
-    """The in-pod self-heal settings, or None when none of its variables is set (nothing imported)."""
-    if not any(os.environ.get(v) for v in ("PODGUARD_SELF_HEAL", "PODGUARD_SELF_HEAL_AFTER", "PODGUARD_PARK")):
-        return None
-    from podguard.pods.selfheal import SelfHealConfig
-
-    return SelfHealConfig.from_env()
 
 
 def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path | None) -> int:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from podguard.errors import UsageError
 from podguard.metrics.state import GpuRow, MetricsState, Source
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from podguard.metrics.textfile import FileWriter
     from podguard.metrics.watch import MetricsWatch
 
-__all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
+__all__ = ["ENV_INTERVAL", "Metrics", "file_interval", "open_metrics"]
 
 ENV_INTERVAL = "PODGUARD_METRICS_INTERVAL"  # seconds between --metrics-file writes (default 15)
 ENV_POD_ID = "RUNPOD_POD_ID"
@@ -87,10 +88,16 @@ class Metrics:
 
 
 def open_metrics(
-    *, port: int | None, path: Path | None, mode: str, say: Callable[[str], None] | None = None
+    *,
+    port: int | None,
+    path: Path | None,
+    mode: str,
+    say: Callable[[str], None] | None = None,
+    every_s: float | None = None,
 ) -> Metrics | None:
     """The endpoint and the file, or None when neither is asked for. UsageError (64) when the port is taken or
-    cannot be bound, or the file cannot be written: before anything runs."""
+    cannot be bound, or the file cannot be written: before anything runs. `every_s`: the file's interval as
+    `file_interval()` checked it (job/configure.py), else read here."""
     if port is None and path is None:
         return None
     from podguard import __version__
@@ -99,7 +106,8 @@ def open_metrics(
     from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
     say = say or _say
-    every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
+    every_s = every_s if every_s is not None else file_interval()
+    every_s = FILE_INTERVAL_S if every_s is None else every_s
     state = MetricsState(version=__version__, mode=str(mode), pod_id=os.environ.get(ENV_POD_ID, "").strip())
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
@@ -118,11 +126,12 @@ def open_metrics(
     return Metrics(state, server, writer, say)
 
 
-def _interval(raw: str | None, default: float) -> float:
-    from podguard.errors import UsageError
-
+def file_interval(env: Mapping[str, str] | None = None) -> float | None:
+    """PODGUARD_METRICS_INTERVAL: seconds between --metrics-file writes; None when unset (the file's default
+    applies). UsageError (64) when not valid: job/configure.py asks before anything runs."""
+    raw = (os.environ if env is None else env).get(ENV_INTERVAL)
     if raw is None or not raw.strip():
-        return default
+        return None
     try:
         value = float(raw)
     except ValueError:
