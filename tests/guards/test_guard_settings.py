@@ -15,7 +15,7 @@ from podguard.guards.settings import (
     check_guards,
 )
 from podguard.job.configure import configure
-from podguard.launch.config import LaunchOptions
+from podguard.job.options import JobOptions
 from podguard.preflight.options import PreflightOptions
 
 KEY = "rpa_TESTKEY0123456789abcdefghijklmnopqrstuvwxyz"
@@ -39,9 +39,9 @@ def test_each_option_reaches_its_own_setting():
 def test_the_job_configuration_hands_the_guards_typed_settings(tmp_path):
     """job/configure.py composes the guards' own settings from the typed options (no getattr on an object)."""
 
-    settings = configure(["true"], LaunchOptions(idle_stop=60.0, max_runtime=7200.0), PreflightOptions())
+    settings = configure(["true"], JobOptions(idle_stop=60.0, max_runtime=7200.0), PreflightOptions())
     assert settings.guards == GuardSettings(60.0, 7200.0, None)
-    assert configure(["true"], LaunchOptions(), PreflightOptions()).guards is None
+    assert configure(["true"], JobOptions(), PreflightOptions()).guards is None
 
 
 @pytest.mark.parametrize(

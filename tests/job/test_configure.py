@@ -16,7 +16,8 @@ import pytest
 from jobproc import run_podguard
 from podguard.errors import ExitCode, UsageError
 from podguard.job.configure import JobSettings, configure
-from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
+from podguard.job.options import CheckpointSettings, JobOptions, MetricsSettings
+from podguard.launch.config import LaunchMode, OnExit
 from podguard.preflight.options import PreflightOptions
 
 CLUSTER = {"NUM_NODES": "2", "NODE_RANK": "0", "PRIMARY_ADDR": "127.0.0.1", "PRIMARY_PORT": "29555"}
@@ -24,24 +25,24 @@ NODES = {"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port":
 
 # (where the check lived before, the options, the environment, the start of the message)
 CASES = [
-    ("launch/config", LaunchOptions(mode=LaunchMode.ROLES), {}, "--mode=roles needs --job-file FILE"),
-    ("launch/config", LaunchOptions(prepare="  "), {}, "--prepare is empty"),
-    ("selfheal.check_stop_pod", LaunchOptions(on_exit=OnExit.STOP_POD), {}, "--on-exit=stop-pod needs RUNPOD_POD_ID"),
-    ("conductor.check_restarts", LaunchOptions(restarts=2, **NODES), CLUSTER, "--restarts=2 relaunches one node's"),
-    ("guards.from_options", LaunchOptions(idle_stop=60.0), {"PODGUARD_GUARD_INTERVAL": "soon"}, "PODGUARD_GUARD_"),
-    ("guards.check_guards", LaunchOptions(max_cost=5.0), {}, "--max-cost needs RUNPOD_POD_ID"),
-    ("conductor._self_heal_config", LaunchOptions(), {"PODGUARD_SELF_HEAL": "sometimes"}, "PODGUARD_SELF_HEAL="),
-    ("conductor._self_heal_config", LaunchOptions(), {"PODGUARD_SELF_HEAL_AFTER": "0"}, "PODGUARD_SELF_HEAL_AFTER="),
-    ("conductor._self_heal_config", LaunchOptions(), {"PODGUARD_PARK": "later"}, "PODGUARD_PARK='later'"),
+    ("launch/config", JobOptions(mode=LaunchMode.ROLES), {}, "--mode=roles needs --job-file FILE"),
+    ("launch/config", JobOptions(prepare="  "), {}, "--prepare is empty"),
+    ("selfheal.check_stop_pod", JobOptions(on_exit=OnExit.STOP_POD), {}, "--on-exit=stop-pod needs RUNPOD_POD_ID"),
+    ("conductor.check_restarts", JobOptions(restarts=2, **NODES), CLUSTER, "--restarts=2 relaunches one node's"),
+    ("guards.from_options", JobOptions(idle_stop=60.0), {"PODGUARD_GUARD_INTERVAL": "soon"}, "PODGUARD_GUARD_"),
+    ("guards.check_guards", JobOptions(max_cost=5.0), {}, "--max-cost needs RUNPOD_POD_ID"),
+    ("conductor._self_heal_config", JobOptions(), {"PODGUARD_SELF_HEAL": "sometimes"}, "PODGUARD_SELF_HEAL="),
+    ("conductor._self_heal_config", JobOptions(), {"PODGUARD_SELF_HEAL_AFTER": "0"}, "PODGUARD_SELF_HEAL_AFTER="),
+    ("conductor._self_heal_config", JobOptions(), {"PODGUARD_PARK": "later"}, "PODGUARD_PARK='later'"),
     (
         "metrics/run._interval",
-        LaunchOptions(metrics_port=9464),
+        JobOptions(metrics_port=9464),
         {"PODGUARD_METRICS_INTERVAL": "soon"},
         "PODGUARD_METRICS_INTERVAL='soon' is not valid",
     ),
     (
         "conductor: cluster_gate_settings at the first attempt",
-        LaunchOptions(**NODES, cluster_port=29555),
+        JobOptions(**NODES, cluster_port=29555),
         CLUSTER,
         "PODGUARD_CLUSTER_PORT=29555 is the rendezvous port",
     ),
@@ -71,20 +72,27 @@ def test_every_check_is_made_by_configure(clean_env, before, options, env, messa
 def test_the_composed_settings_carry_each_rooms_own_part(clean_env, tmp_path: Path):
     clean_env.setenv("PODGUARD_SELF_HEAL", "restart")
     clean_env.setenv("PODGUARD_METRICS_INTERVAL", "0.5")
-    options = LaunchOptions(max_runtime=60.0, metrics_file=tmp_path / "m.prom", restarts=2, on_exit=OnExit.IDLE)
+    options = JobOptions(max_runtime=60.0, metrics_file=tmp_path / "m.prom", restarts=2, on_exit=OnExit.IDLE)
     settings = configure(["python", "train.py"], options, PreflightOptions())
     assert isinstance(settings, JobSettings)
-    assert settings.launch.argv == ("python", "train.py") and settings.launch.options is options
+    assert settings.launch.argv == ("python", "train.py") and settings.launch.options == options.launch()
+    assert not hasattr(settings.launch.options, "max_runtime")  # the launcher's options: the launcher's part only
     assert settings.guards is not None and settings.guards.max_runtime_s == 60.0
     assert settings.self_heal is not None and settings.self_heal.mode == "restart"
-    assert settings.metrics_every_s == 0.5 and settings.gate is None
-    assert (settings.restarts, settings.on_exit) == (2, OnExit.IDLE)
+    assert settings.metrics == MetricsSettings(None, tmp_path / "m.prom", 0.5) and settings.gate is None
+    assert (settings.restarts, settings.on_exit, settings.checkpoints) == (2, OnExit.IDLE, None)
+
+
+def test_the_checkpoint_options_become_the_checkpoints_settings(clean_env, tmp_path: Path):
+    options = JobOptions(checkpoints=tmp_path / "ckpt", save_signal=10, save_grace=30.0, store_keep=3)
+    settings = configure(["python", "train.py"], options, PreflightOptions())
+    assert settings.checkpoints == CheckpointSettings(tmp_path / "ckpt", 10, 30.0, None, 3)
 
 
 def test_a_multi_node_run_has_its_gate_settled_before_the_run(clean_env):
     for key, value in CLUSTER.items():
         clean_env.setenv(key, value)
-    settings = configure(["python", "train.py"], LaunchOptions(**NODES), PreflightOptions())
+    settings = configure(["python", "train.py"], JobOptions(**NODES), PreflightOptions())
     assert settings.gate is not None and (settings.gate.nnodes, settings.gate.port) == (2, 29556)
 
 

@@ -12,7 +12,8 @@ from podguard.cli.options import LAUNCH, PREFLIGHT
 from podguard.cli.params import Command, options
 from podguard.errors import ExitCode, PodguardError
 from podguard.job.conductor import conduct
-from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, LaunchOptions, demo_argv
+from podguard.job.options import JobOptions
+from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, demo_argv
 from podguard.preflight.options import PreflightOptions
 
 PREFLIGHT_ALL = tuple(name for name in PREFLIGHT.params if name != "dry_run")
@@ -32,7 +33,7 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 
 @options(LAUNCH, LAUNCH_ALL, into="launch")
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="train")
-def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
+def train(opts: PreflightOptions, launch: JobOptions, command: Command = None) -> None:
     """Preflight, then launch CMD and supervise it to the end. Without CMD: the built-in demo training job."""
     argv = list(command or [])
     demo = not argv and launch.job_file is None
@@ -49,7 +50,7 @@ def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None
 
 @options(LAUNCH, RUN_LAUNCH, into="launch", mode=LaunchMode.SINGLE, rerun=True)
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="run")
-def run(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
+def run(opts: PreflightOptions, launch: JobOptions, command: Command = None) -> None:
     """The same preflight for any command (an inference server, a notebook), then run and supervise it.
 
     A restarted container starts it again (services are not "finished" like a training job)."""

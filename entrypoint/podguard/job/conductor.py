@@ -37,12 +37,13 @@ from podguard.errors import ExitCode, PodguardError, signal_exit_code
 from podguard.gpu.selected import Selection
 from podguard.job import restart_guard
 from podguard.job.attempt import AttemptResult, run_attempt
-from podguard.job.configure import JobSettings, configure_counted
+from podguard.job.configure import configure_counted
 from podguard.job.ending import Ending, EndOfRun
 from podguard.job.multinode import pass_cluster_gate, worker_socket_env
+from podguard.job.options import JobOptions, JobSettings
 from podguard.job.restarts import Failure, FailureKind, RestartPolicy, made_progress
 from podguard.job.store import StoreSync, open_store_sync, store_series
-from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit
+from podguard.launch.config import JobConfig, LaunchMode, OnExit
 from podguard.outcome_lines import EndKind, restart_line
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import PreflightResult, run_preflight
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["Conductor", "conduct", "run_job"]
 
 
-def conduct(argv: list[str], options: LaunchOptions, opts: PreflightOptions, *, demo: bool = False) -> int:
+def conduct(argv: list[str], options: JobOptions, opts: PreflightOptions, *, demo: bool = False) -> int:
     """`podguard train|run`, whole: the module docstring's steps with exactly one END line; the exit code."""
     end = EndOfRun(opts.command)
     try:
@@ -84,7 +85,9 @@ def run_job(settings: JobSettings, opts: PreflightOptions, base: Path, end: EndO
         if metrics is not None:
             metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
         # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
-        store = open_store_sync(cfg.options, (lambda _stats: metrics.refresh()) if metrics is not None else None)
+        publish = (lambda _stats: metrics.refresh()) if metrics is not None else None
+        nodes = {"nnodes": cfg.options.nnodes, "node_rank": cfg.options.node_rank}
+        store = open_store_sync(settings.checkpoints, publish, **nodes)
         if metrics is not None and store is not None:
             sync = store
             metrics.add_source(lambda: store_series(sync.mirror.stats()))
@@ -127,11 +130,11 @@ class Conductor:
         )
         self.command = opts.command
         self.key = restart_guard.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
-        self.policy = RestartPolicy(cfg.options.restarts)
+        self.policy = RestartPolicy(settings.restarts)
         self.lease: GpuLease | None = None
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
         self.record: Callable[..., Path | None] | None = None
-        self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
+        self.handoff = _handoff(settings)  # --checkpoints: the newest whole checkpoint handed to each attempt
         self.store = store  # --checkpoint-store: restored before each attempt, mirrored during it
         if self.handoff is not None:
             self.handoff.store = store
@@ -177,7 +180,7 @@ class Conductor:
                 _say_all(notes)
             assert pre.selection is not None
             result = run_attempt(
-                self.cfg,
+                self.settings,
                 self.opts,
                 pre.selection,
                 self.base,
@@ -187,7 +190,6 @@ class Conductor:
                 attempt=attempt,
                 metrics=self.metrics,
                 handoff=self.handoff,
-                gate=gate,
             )
             self.seen = result.checkpoints
             for fault in result.runtime.faults:
@@ -198,7 +200,7 @@ class Conductor:
                 return self.end(self.ending_of(result))
             decision = self.policy.after(failure)
             if not decision.restart:
-                if self.cfg.options.restarts:
+                if self.settings.restarts:
                     _say(f"podguard: not restarting: {decision.reason}")
                 return self.end(self.ending_of(result, failure))
             got = self.pause(attempt + 1, decision.delay_s, failure)
@@ -208,7 +210,7 @@ class Conductor:
 
     def restart_guard(self) -> int | None:
         """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
-        decision = restart_guard.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
+        decision = restart_guard.plan_launch(self.key, rerun=self.settings.rerun, state=self.base)
         if decision.delay_s > 0:
             got = restart_guard.backoff_wait(decision, out=sys.stderr)
             if got is not None:
@@ -289,7 +291,7 @@ class Conductor:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
         from podguard.pause import next_signal, signals_held
 
-        line = restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code)
+        line = restart_line(self.command, number, self.settings.restarts, delay_s, failure.text, failure.code)
         _say(line + (f"; {self.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
@@ -318,7 +320,8 @@ class Conductor:
             EndKind.GUARD,
             EndKind.SIGNAL,
         ):  # (a guard's save waited already)
-            self.store.flush(self.cfg.options.save_grace)  # the newest checkpoint reaches the store first
+            assert self.settings.checkpoints is not None  # (a store needs --checkpoints)
+            self.store.flush(self.settings.checkpoints.save_grace_s)  # the newest checkpoint reaches the store first
         detail = ending.detail
         if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
             detail = f"{self.fragment()}; {detail}" if detail else self.fragment()
@@ -327,7 +330,7 @@ class Conductor:
             from podguard.guards.end import end_after_trip
 
             return end_after_trip(self.guards.tripped)
-        return _after(self.cfg, ending.code, ending.record, self.guards)
+        return _after(self.settings.on_exit, ending.code, ending.record, self.guards)
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def fragment(self) -> str:
@@ -344,21 +347,20 @@ class Conductor:
 
 
 def _open_metrics(settings: JobSettings) -> Metrics | None:
-    o = settings.launch.options
-    if o.metrics_port is None and o.metrics_file is None:
+    m = settings.metrics
+    if m is None:
         return None
     from podguard.metrics import open_metrics
 
-    every_s = settings.metrics_every_s
-    return open_metrics(port=o.metrics_port, path=o.metrics_file, mode=str(settings.launch.mode), every_s=every_s)
+    return open_metrics(port=m.port, path=m.path, mode=str(settings.launch.mode), every_s=m.every_s)
 
 
-def _handoff(cfg: JobConfig) -> Handoff | None:
-    if cfg.options.checkpoints is None:
+def _handoff(settings: JobSettings) -> Handoff | None:
+    if settings.checkpoints is None:
         return None
     from podguard.job.handoff import Handoff
 
-    return Handoff(cfg.options.checkpoints, _say)
+    return Handoff(settings.checkpoints.folder, _say)
 
 
 def _open_guards(settings: JobSettings) -> GuardWatch | None:
@@ -382,8 +384,8 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
     return check
 
 
-def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
-    if cfg.options.on_exit is OnExit.IDLE:
+def _after(on_exit: OnExit, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
+    if on_exit is OnExit.IDLE:
         if guards is not None and guards.settings.after_job:  # --idle-stop / --max-cost keep watching
             from podguard.guards.end import idle_guarded
 
@@ -391,7 +393,7 @@ def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | 
                 guards.watch_gpus(None)
             return idle_guarded(code, record, guards, out=sys.stderr)
         return restart_guard.idle(code, record, out=sys.stderr)
-    if cfg.options.on_exit is OnExit.STOP_POD:
+    if on_exit is OnExit.STOP_POD:
         from podguard.pods.selfheal import stop_own_pod
 
         return stop_own_pod(code)

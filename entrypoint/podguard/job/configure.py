@@ -1,16 +1,17 @@
 """Every exit-64 check of `podguard train|run`, in one place and one order, before anything runs.
 
-    settings = configure(["python", "train.py"], launch_options, preflight_opts)   # UsageError (64) on a bad value
-    settings.launch.mode, settings.guards, settings.self_heal, settings.metrics_every_s, settings.gate
+    settings = configure(["python", "train.py"], JobOptions(restarts=2), preflight_opts)   # UsageError (64)
+    settings.launch.mode, settings.guards, settings.checkpoints, settings.metrics, settings.gate
 
-`configure()` returns one composed `JobSettings`: the launch (launch/config.py), the billing guards (guards/), the
-metrics file's interval (metrics/), the restarts, self-heal (pods/selfheal.py) and, on a multi-node run, the
-cluster gate (job/multinode.py). Nothing is leased, killed, bound or launched while it runs, so a bad value anywhere
+`configure()` returns one composed `JobSettings` (job/options.py): the launch (launch/config.py), the lifecycle
+(--on-exit, --rerun, --restarts), the run-time watch, the billing guards (guards/), the metrics (metrics/), the
+checkpoints and their store, self-heal (pods/selfheal.py) and, on a multi-node run, the cluster gate
+(job/multinode.py). Nothing is leased, killed, bound or launched while it runs, so a bad value anywhere
 costs nothing. The checks, in this order (the first bad value is the one named):
 
 1. the built-in demo needs torch (demo only);
-2. the launch: --mode and --job-file, --prefix, --prepare/--cache-key, --checkpoints/--save-signal/
-   --checkpoint-store, --metrics-port against the rendezvous port, the nodes (launch/config.py);
+2. the launch: --mode and --job-file, --prefix, --prepare/--cache-key, the nodes (launch/config.py);
+   then --checkpoints/--save-signal/--checkpoint-store, --metrics-port against the rendezvous port;
 3. --on-exit stop-pod: inside a pod, with an API key;
 4. --restarts on a multi-node run (refused: torchrun's --max-restarts restarts every node together);
 5. the billing guards: PODGUARD_GUARD_INTERVAL, --max-cost inside a pod with an API key;
@@ -30,7 +31,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from podguard.demo import require_torch
@@ -38,14 +38,14 @@ from podguard.errors import PodguardError, UsageError
 from podguard.guards.settings import GuardSettings, check_guards
 from podguard.job import restart_guard
 from podguard.job.multinode import cluster_gate_settings
-from podguard.launch.config import JobConfig, LaunchOptions, OnExit
+from podguard.job.options import CheckpointSettings, JobOptions, JobSettings, MetricsSettings
+from podguard.launch.config import JobConfig, OnExit
 from podguard.launch.config import configure as configure_launch
 from podguard.metrics.run import file_interval
 from podguard.preflight.options import PreflightOptions
 from podguard.state import state_dir
 
 if TYPE_CHECKING:
-    from podguard.launch.cluster.model import GateSettings
     from podguard.pods.selfheal import SelfHealConfig
 
 __all__ = ["SELF_HEAL_VARIABLES", "JobSettings", "check_restarts", "configure", "configure_counted"]
@@ -53,35 +53,18 @@ __all__ = ["SELF_HEAL_VARIABLES", "JobSettings", "check_restarts", "configure", 
 SELF_HEAL_VARIABLES = ("PODGUARD_SELF_HEAL", "PODGUARD_SELF_HEAL_AFTER", "PODGUARD_PARK")
 
 
-@dataclass(frozen=True)
-class JobSettings:
-    """A `train`/`run` as checked: everything the conductor needs, composed from the options and the environment."""
-
-    launch: JobConfig  # what to run and how (the launch's options as given: launch.options)
-    guards: GuardSettings | None = None  # --idle-stop, --max-runtime, --max-cost (None: no guard)
-    self_heal: SelfHealConfig | None = None  # None: none of SELF_HEAL_VARIABLES is set
-    metrics_every_s: float | None = None  # PODGUARD_METRICS_INTERVAL (None: the file's default)
-    gate: GateSettings | None = None  # the cluster gate on a multi-node run (None: one node, or no NODE_RANK)
-
-    @property
-    def restarts(self) -> int:
-        return self.launch.options.restarts
-
-    @property
-    def on_exit(self) -> OnExit:
-        return self.launch.options.on_exit
-
-
-def configure(argv: list[str], options: LaunchOptions, opts: PreflightOptions, *, demo: bool = False) -> JobSettings:
+def configure(argv: list[str], options: JobOptions, opts: PreflightOptions, *, demo: bool = False) -> JobSettings:
     """The checks of the module docstring, in its order; UsageError (exit 64) on the first bad value."""
     if demo:
         require_torch()  # one line naming torch and how to get it, before any GPU is touched
-    launch = configure_launch(argv, options, grace_s=opts.grace_s, demo=demo)
+    launch = configure_launch(argv, options.launch(), grace_s=opts.grace_s, demo=demo)
+    checkpoints = _check_checkpoints(options)
+    _check_metrics(options)
     if options.on_exit is OnExit.STOP_POD:
         from podguard.pods.selfheal import check_stop_pod  # lazy: pods/ loads its spec model (~10 ms), rarely used
 
         check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key
-    check_restarts(launch)
+    check_restarts(options.restarts, launch)
     guards = None
     if any(v is not None for v in (options.idle_stop, options.max_runtime, options.max_cost)):
         guards = GuardSettings.configured(
@@ -89,11 +72,24 @@ def configure(argv: list[str], options: LaunchOptions, opts: PreflightOptions, *
         )
         check_guards(guards)  # --max-cost outside a pod: 64
     heal = _self_heal() if any(os.environ.get(v) for v in SELF_HEAL_VARIABLES) else None
-    every_s = None
+    metrics = None
     if options.metrics_port is not None or options.metrics_file is not None:
-        every_s = file_interval()
-    gate = cluster_gate_settings(launch)  # multi-node only; says once when there is no NODE_RANK
-    return JobSettings(launch, guards, heal, every_s, gate)
+        metrics = MetricsSettings(options.metrics_port, options.metrics_file, file_interval())
+    # multi-node only; says once when there is no NODE_RANK
+    gate = cluster_gate_settings(launch, port=options.cluster_port, timeout_s=options.cluster_timeout_s)
+    return JobSettings(
+        launch,
+        on_exit=options.on_exit,
+        rerun=options.rerun,
+        restarts=options.restarts,
+        hang_timeout_s=options.hang_timeout,
+        progress=options.progress,
+        guards=guards,
+        metrics=metrics,
+        checkpoints=checkpoints,
+        self_heal=heal,
+        gate=gate,
+    )
 
 
 def _self_heal() -> SelfHealConfig:
@@ -102,17 +98,48 @@ def _self_heal() -> SelfHealConfig:
     return SelfHealConfig.from_env()
 
 
-def check_restarts(cfg: JobConfig) -> None:
+def check_restarts(restarts: int, cfg: JobConfig) -> None:
     """`--restarts` relaunches this node's job: a multi-node run restarts through torchrun instead (64)."""
-    if cfg.options.restarts and cfg.multi_node:
+    if restarts and cfg.multi_node:
         raise UsageError(
-            f"--restarts={cfg.options.restarts} relaunches one node's job; on a multi-node run use --max-restarts "
+            f"--restarts={restarts} relaunches one node's job; on a multi-node run use --max-restarts "
             "(torchrun restarts the worker group on every node together)"
         )
 
 
+def _check_checkpoints(opts: JobOptions) -> CheckpointSettings | None:
+    """--checkpoints, --save-signal, --checkpoint-store; their settings (None without --checkpoints)."""
+    if opts.checkpoints is not None and os.path.exists(opts.checkpoints) and not os.path.isdir(opts.checkpoints):
+        raise UsageError(f"--checkpoints={str(opts.checkpoints)!r} is not a folder; give the folder the job saves to")
+    if opts.save_signal is not None and opts.checkpoints is None:
+        raise UsageError(
+            "--save-signal needs --checkpoints DIR: podguard waits for the new checkpoint there before it ends the job"
+        )
+    if opts.checkpoint_store is not None and opts.checkpoints is None:
+        raise UsageError(
+            f"--checkpoint-store={opts.checkpoint_store} needs --checkpoints DIR: podguard mirrors the checkpoints "
+            "the job writes there"
+        )
+    if opts.checkpoints is None:
+        return None
+    return CheckpointSettings(
+        opts.checkpoints, opts.save_signal, opts.save_grace, opts.checkpoint_store, opts.store_keep
+    )
+
+
+def _check_metrics(opts: JobOptions) -> None:
+    """The metrics are bound before the launch: on the rendezvous port (`run` hands the job MASTER_PORT) the job's
+    rendezvous would find it taken."""
+    rendezvous = {str(opts.master_port), os.environ.get("MASTER_PORT", "").strip()}
+    if opts.metrics_port is not None and str(opts.metrics_port) in rendezvous:
+        raise UsageError(
+            f"--metrics-port={opts.metrics_port} is also the rendezvous port (--master-port or MASTER_PORT); give "
+            "the metrics a port of their own, e.g. 9464"
+        )
+
+
 def configure_counted(
-    argv: list[str], options: LaunchOptions, opts: PreflightOptions, *, demo: bool = False
+    argv: list[str], options: JobOptions, opts: PreflightOptions, *, demo: bool = False
 ) -> JobSettings:
     """`configure`, with a refused configuration counted as a failed start by the restart guard (a person at a
     shell still gets the error at once)."""

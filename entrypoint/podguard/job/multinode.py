@@ -1,7 +1,7 @@
 """Where the preflight meets the cluster gate (multi-node runs): the gate's settings, this node's verdict,
 and the workers' socket interface. preflight/ and launch/ never import each other; this glue does.
 
-    settings = cluster_gate_settings(cfg)            # None on one node; 64 for bad values (job/configure.py)
+    settings = cluster_gate_settings(cfg, port=None, timeout_s=600.0)   # None on one node; 64 for bad values
     outcome = pass_cluster_gate(settings, pre, notes) # after the preflight: every node's verdict, then the decision
 """
 
@@ -27,8 +27,9 @@ __all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_
 GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome, with wall-clock times
 
 
-def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
-    """The gate's settings on a multi-node run (None on one node, or without NODE_RANK: then said once).
+def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float) -> GateSettings | None:
+    """The gate's settings on a multi-node run (`port`: PODGUARD_CLUSTER_PORT, None: PRIMARY_PORT + 1; `timeout_s`:
+    how long it waits for every node) (None on one node, or without NODE_RANK: then said once).
     Bad values and a Python without torch are refused here (64), before anything is leased or stopped. During
     the run the nodes also share their progress on the gate's store (launch/cluster/share.py); without NODE_RANK
     each node judges a hang on its own."""
@@ -53,8 +54,8 @@ def cluster_gate_settings(cfg: JobConfig) -> GateSettings | None:
         node_rank=rdzv.node_rank,
         addr=rdzv.addr,
         rdzv_port=rdzv.port,
-        cluster_port=opts.cluster_port,
-        timeout_s=opts.cluster_timeout_s,
+        cluster_port=port,
+        timeout_s=timeout_s,
     )
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
