@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -63,42 +64,37 @@ __all__ = ["Conductor", "conduct", "run_job"]
 def conduct(argv: list[str], options: JobOptions, opts: PreflightOptions, *, demo: bool = False) -> int:
     """`podguard train|run`, whole: the module docstring's steps with exactly one END line; the exit code."""
     end = EndOfRun(opts.command)
-    try:
-        with end.around():
+    try:  # (the END line comes before what the run held is closed: `held` closes last)
+        with ExitStack() as held, end.around():
             settings = configure_counted(argv, options, opts, demo=demo)
             base = state_dir(opts.state_dir)
             end.started = True
-            return run_job(settings, opts, base, end)
+            return run_job(settings, opts, base, end, held)
     except PodguardError as exc:
         console.line(f"podguard: error: {exc.message}", loud=True)
         return exc.code
 
 
-def run_job(settings: JobSettings, opts: PreflightOptions, base: Path, end: EndOfRun) -> int:
+def run_job(settings: JobSettings, opts: PreflightOptions, base: Path, end: EndOfRun, held: ExitStack) -> int:
     """Open what the run holds (metrics, guards, the store: a taken port or a missing bucket is 64 here, before
-    anything runs), run the lifecycle, close them."""
+    anything runs; each is closed by `held`, the store first), then run the lifecycle."""
     cfg = settings.launch
-    metrics = guards = store = None
-    try:
-        metrics = _open_metrics(settings)  # --metrics-port/--metrics-file: a taken port is exit 64
-        guards = _open_guards(settings)  # --max-cost reads this pod's cost/hr and start from the API, once
+    metrics = _open_metrics(settings)  # --metrics-port/--metrics-file: a taken port is exit 64
+    if metrics is not None:
+        held.callback(metrics.close)  # the port closes; the file keeps its last values
+    guards = _open_guards(settings)  # --max-cost reads this pod's cost/hr and start from the API, once
+    if guards is not None:
+        held.callback(guards.close)
+    if metrics is not None:
+        metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
+    # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
+    publish = (lambda _stats: metrics.refresh()) if metrics is not None else None
+    store = open_store_sync(settings.checkpoints, publish, nnodes=cfg.options.nnodes, node_rank=cfg.options.node_rank)
+    if store is not None:
+        held.callback(store.close)
         if metrics is not None:
-            metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
-        # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
-        publish = (lambda _stats: metrics.refresh()) if metrics is not None else None
-        nodes = {"nnodes": cfg.options.nnodes, "node_rank": cfg.options.node_rank}
-        store = open_store_sync(settings.checkpoints, publish, **nodes)
-        if metrics is not None and store is not None:
-            sync = store
-            metrics.add_source(lambda: store_series(sync.mirror.stats()))
-        return Conductor(settings, opts, base, end, guards, metrics=metrics, store=store).run()
-    finally:
-        if store is not None:
-            store.close()
-        if guards is not None:
-            guards.close()
-        if metrics is not None:
-            metrics.close()  # the port closes; the file keeps its last values
+            metrics.add_source(lambda: store_series(store.mirror.stats()))
+    return Conductor(settings, opts, base, end, guards, metrics=metrics, store=store).run()
 
 
 class Conductor:
@@ -177,7 +173,8 @@ class Conductor:
                 stopped = self._record_start(passed.code, detail, "cluster gate")
                 return self.end(Ending(EndKind.PREFLIGHT, passed.code, detail, stopped))
             if passed is None and attempt == 0:
-                _say_all(notes)
+                for note in notes:
+                    console.line(f"podguard: {note}")
             assert pre.selection is not None
             result = run_attempt(
                 self.settings,
@@ -201,7 +198,7 @@ class Conductor:
             decision = self.policy.after(failure)
             if not decision.restart:
                 if self.settings.restarts:
-                    _say(f"podguard: not restarting: {decision.reason}")
+                    console.line(f"podguard: not restarting: {decision.reason}")
                 return self.end(self.ending_of(result, failure))
             got = self.pause(attempt + 1, decision.delay_s, failure)
             if got is not None:
@@ -236,7 +233,7 @@ class Conductor:
     def skip(self, decision: restart_guard.LaunchDecision) -> int:
         assert self.record is not None
         if not decision.delay_s:
-            _say(f"podguard: {decision.reason}")
+            console.line(f"podguard: {decision.reason}")
         skipped = self.record(exit_code=ExitCode.OK, kind=restart_guard.RunKind.SKIP)
         self.attempts = 0
         ending = Ending(EndKind.SUCCESS, ExitCode.OK, "finished before (not run again)", skipped or decision.record)
@@ -245,7 +242,9 @@ class Conductor:
     def preflight(self, attempt: int) -> PreflightResult:
         """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
         if attempt:
-            _say(f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch")
+            console.line(
+                f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch"
+            )
         pre = run_preflight(
             self.opts, validate_selection=_selection_check(self.cfg), held=self.lease, faulted=self.faulted
         )
@@ -292,11 +291,11 @@ class Conductor:
         from podguard.pause import next_signal, signals_held
 
         line = restart_line(self.command, number, self.settings.restarts, delay_s, failure.text, failure.code)
-        _say(line + (f"; {self.fragment()}" if self.seen is not None else ""))
+        console.line(line + (f"; {self.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
-            _say(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
+            console.line(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
         return got
 
     def ending_of(self, result: AttemptResult, failure: Failure | None = None) -> Ending:
@@ -360,7 +359,7 @@ def _handoff(settings: JobSettings) -> Handoff | None:
         return None
     from podguard.job.handoff import Handoff
 
-    return Handoff(settings.checkpoints.folder, _say)
+    return Handoff(settings.checkpoints.folder, console.line)
 
 
 def _open_guards(settings: JobSettings) -> GuardWatch | None:
@@ -368,7 +367,7 @@ def _open_guards(settings: JobSettings) -> GuardWatch | None:
         return None
     from podguard.guards import open_guards
 
-    return open_guards(settings.guards, lambda text: _say(f"podguard: {text}"))
+    return open_guards(settings.guards, lambda text: console.line(f"podguard: {text}"))
 
 
 def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
@@ -407,12 +406,3 @@ def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path 
     from podguard.pods.selfheal import after_preflight
 
     return after_preflight(code, heal, state=base, report=report)
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _say_all(lines: list[str]) -> None:
-    for line in lines:
-        _say(f"podguard: {line}")

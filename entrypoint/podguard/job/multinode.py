@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.launch.config import JobConfig
 
@@ -46,7 +47,7 @@ def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float)
         master_port=opts.master_port,
     )  # fmt: skip
     if rdzv.node_rank is None:
-        _say("podguard: warning: no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
+        console.warn("no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
         return None
     assert rdzv.addr is not None and rdzv.port is not None
     settings = gate_settings(
@@ -101,7 +102,3 @@ def worker_socket_env() -> tuple[dict[str, str], list[str]]:
 
     env, note = socket_ifname_env(os.environ)
     return env, [note] if note else []
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
