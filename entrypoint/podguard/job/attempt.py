@@ -24,13 +24,18 @@ from typing import TYPE_CHECKING
 
 from podguard.errors import UsageError
 from podguard.gpu.selected import Selection
+from podguard.job import restart_guard
+from podguard.launch import modes
 from podguard.launch.config import JobConfig, LaunchMode
 from podguard.launch.job_env import line_buffering_env
 from podguard.launch.line_shims import buffering_warnings
+from podguard.launch.modes import pick_mode
+from podguard.launch.run import run_job
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.group import WatchGroup
 from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
 from podguard.preflight.options import PreflightOptions
+from podguard.state import subdir
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
@@ -75,8 +80,6 @@ def run_attempt(
     hang timeout the nodes share their progress on the cluster gate's store (a hang is the job's verdict)."""
     cfg = settings.launch
     checkpoints = settings.checkpoints
-    from podguard.job import restart_guard
-
     started, t0 = time.time(), time.monotonic()
     run_dir = _run_dir(base)
     env: dict[str, str] = {
@@ -225,8 +228,6 @@ def _job_python(argv: tuple[str, ...]) -> str | None:
 
 def _run_dir(base: Path) -> Path:
     """`<state>/runs/<time>-<pid>`; a temp folder (with a warning) when the volume cannot take it (full)."""
-    from podguard.state import subdir
-
     name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     try:
         return subdir(subdir(base, "runs"), name)
@@ -243,8 +244,6 @@ def _pick_mode(cfg: JobConfig, selection: Selection, *, say: bool = True) -> Lau
         if say:
             _say(f"podguard: mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
         return LaunchMode.TORCHRUN
-    from podguard.launch.modes import pick_mode
-
     choice = pick_mode(cfg.argv, selection)
     if say:
         _say(f"podguard: {choice.reason}")
@@ -260,9 +259,6 @@ def _run_mode(
     run_dir: Path,
     watch: Watch | None = None,
 ) -> JobOutcome:
-    from podguard.launch import modes
-    from podguard.launch.run import run_job
-
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     only_gpu = cfg.options.only_gpu
@@ -301,7 +297,6 @@ def _run_mode(
 def _run_torchrun(
     cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path, watch: Watch | None
 ) -> JobOutcome:
-    from podguard.launch.run import run_job
     from podguard.launch.summary import format_summary
     from podguard.launch.torchrun.command import build_torchrun_spec
     from podguard.launch.torchrun.failure import explain_torchrun_failure

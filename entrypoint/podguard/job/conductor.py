@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from podguard import console
 from podguard.errors import ExitCode, PodguardError, signal_exit_code
 from podguard.gpu.selected import Selection
+from podguard.guards import open_guards
 from podguard.job import restart_guard
 from podguard.job.attempt import AttemptResult, run_attempt
 from podguard.job.configure import configure_counted
@@ -45,7 +46,9 @@ from podguard.job.options import JobOptions, JobSettings
 from podguard.job.restarts import Failure, FailureKind, RestartPolicy, made_progress
 from podguard.job.store import StoreSync, open_store_sync, store_series
 from podguard.launch.config import JobConfig, LaunchMode, OnExit
+from podguard.metrics import open_metrics
 from podguard.outcome_lines import EndKind, restart_line
+from podguard.pause import next_signal, signals_held
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import PreflightResult, run_preflight
 from podguard.redact import redact_command
@@ -288,8 +291,6 @@ class Conductor:
 
     def pause(self, number: int, delay_s: float, failure: Failure) -> int | None:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
-        from podguard.pause import next_signal, signals_held
-
         line = restart_line(self.command, number, self.settings.restarts, delay_s, failure.text, failure.code)
         console.line(line + (f"; {self.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
@@ -349,8 +350,6 @@ def _open_metrics(settings: JobSettings) -> Metrics | None:
     m = settings.metrics
     if m is None:
         return None
-    from podguard.metrics import open_metrics
-
     return open_metrics(port=m.port, path=m.path, mode=str(settings.launch.mode), every_s=m.every_s)
 
 
@@ -365,8 +364,6 @@ def _handoff(settings: JobSettings) -> Handoff | None:
 def _open_guards(settings: JobSettings) -> GuardWatch | None:
     if settings.guards is None:
         return None
-    from podguard.guards import open_guards
-
     return open_guards(settings.guards, lambda text: console.line(f"podguard: {text}"))
 
 
