@@ -1,15 +1,26 @@
 """Exit codes, the one exception type that carries them to the command line, and signal conventions.
 
 Every user-facing failure is a `PodguardError` with a one-line message and a documented exit code
-(see PRODUCT.md); the CLI prints the message and exits with the code, never a traceback.
+(docs/reference.md, "Exit codes"); the CLI prints the message and exits with the code, never a traceback.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, nonmember, unique
 
 
+class SharedExit(IntEnum):
+    """Meanings that share their number with an `ExitCode` member, each under its own name (`ExitCode(124)` is
+    READY_TIMEOUT; the billing guard's 124 is `ExitCode.BILLING_GUARD`, whose `.name` is BILLING_GUARD)."""
+
+    BILLING_GUARD = 124  # a billing guard (--idle-stop, --max-runtime, --max-cost) ended the job, outside a pod
+
+
+@unique
 class ExitCode(IntEnum):
+    """One name per exit number (docs/reference.md, "Exit codes"); a second meaning of a number is a
+    `SharedExit` member, reachable here by its own name."""
+
     OK = 0
     FAILURE = 1  # a generic failure: a service that exited 0 before the job was done, torchrun's own 1
     USAGE = 64  # bad input or configuration
@@ -20,7 +31,7 @@ class ExitCode(IntEnum):
     HUNG = 79  # no progress for --hang-timeout: the job was hung (evidence under the state dir)
     API_ACCESS = 77  # pod commands: API key missing or rejected, or the account may not do this (402/403)
     READY_TIMEOUT = 124  # roles: a role was not ready in time (coreutils `timeout`'s code)
-    BILLING_GUARD = 124  # a billing guard (--idle-stop, --max-runtime, --max-cost) ended the job, outside a pod
+    BILLING_GUARD = nonmember(SharedExit.BILLING_GUARD)  # 124 too: a billing guard ended the job, outside a pod
     CANNOT_EXECUTE = 126  # the shell's code for "found but cannot be executed"
     NOT_FOUND = 127  # the shell's code for "command not found"
     SIGNAL_BASE = 128  # 128+N: ended by signal N
@@ -33,7 +44,6 @@ class PodguardError(Exception):
         super().__init__(message)
         self.message = message
         self.code = int(code)
-        self.end_said = False  # train/run: the run's END line already names this failure
 
 
 class UsageError(PodguardError):

@@ -1,12 +1,14 @@
 """The job's last word and its restarts, as lines a keeper outside the pod reads (PRODUCT.md, "Lines podguard
-prints for `pod keep`"). Both sides of that contract import this module: job/conductor.py writes the lines,
-pods/keeper/lines.py reads them. It sits low in the package and imports nothing of podguard.
+prints for `pod keep`"). Both sides of that contract import this module: job/ending.py writes the END line,
+job/conductor.py the RESTART lines, pods/keeper/lines.py reads them. It sits low in the package and imports only
+errors.py (the exit codes).
 
     podguard train: RESTART 1 of 3 in 1 s after crash (exit 1), exit 1
     podguard train: END success exit 0 after 2 attempt(s): job finished successfully in 812.4 s (8 worker(s))
 
 Exactly one END line per `train`/`run` invocation that launched or decided anything, printed when the outcome is
-known (before `--on-exit` or a guard stops the pod); a RESTART line for each relaunch. KIND is one of KINDS.
+known (before `--on-exit` or a guard stops the pod); a RESTART line for each relaunch. KIND is an `EndKind`;
+`END_CODES` says the exit code each kind ends with where the kind has one of its own.
 `signal` is an end imposed from outside (RunPod's SIGTERM when it stops the pod), not an outcome. The END line is
 one line under MAX_LINE characters: the detail is cut (its start kept, "…" at the end).
 
@@ -21,30 +23,59 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
+
+from podguard.errors import ExitCode
 
 __all__ = [
+    "END_CODES",
     "END_LINE",
     "KINDS",
     "MAX_LINE",
     "Checkpoint",
+    "EndKind",
     "end_line",
     "newest_checkpoint",
     "restart_line",
     "stored_checkpoint",
 ]
 
-KINDS = ("success", "failed", "hung", "gpu-fault", "guard", "signal", "preflight")
+
+class EndKind(StrEnum):
+    """How a `train`/`run` ended: the KIND of its END line (a keeper reads it: pods/keeper/)."""
+
+    SUCCESS = "success"  # the job finished (or had finished before: not run again)
+    FAILED = "failed"  # a worker failed: the job's own exit code
+    HUNG = "hung"  # no progress for --hang-timeout
+    GPU_FAULT = "gpu-fault"  # a fatal GPU fault during the run
+    GUARD = "guard"  # a billing guard ended the job
+    SIGNAL = "signal"  # an end imposed from outside: 128+N
+    PREFLIGHT = "preflight"  # refused before the launch: bad configuration (64) or the preflight's verdict
+
+
+# The exit code each END kind ends with. None: the code is not the kind's own but the job's (failed), the
+# signal's (128+N) or the refusal's (64, 69, 75, 76 ...).
+END_CODES: dict[EndKind, int | None] = {
+    EndKind.SUCCESS: ExitCode.OK,
+    EndKind.FAILED: None,
+    EndKind.HUNG: ExitCode.HUNG,
+    EndKind.GPU_FAULT: ExitCode.GPU_UNHEALTHY,
+    EndKind.GUARD: ExitCode.BILLING_GUARD,
+    EndKind.SIGNAL: None,
+    EndKind.PREFLIGHT: None,
+}
+KINDS = tuple(kind.value for kind in EndKind)
 END_LINE = re.compile(r"^podguard (?P<command>train|run): END (?P<kind>[a-z-]+) exit (?P<code>\d+)\b")
 MAX_LINE = 399  # an END line stays under 400 characters (the keeper reads it as one log line)
 _STORED = re.compile(r"(?:^|; )stored (\S+) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\) in (\S+)")
 _NEWEST = re.compile(r"newest checkpoint (\S(?:.*?\S)?) \((?:step (\d+), )?written (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)")
 
 
-def end_line(command: str, kind: str, code: int, attempts: int, detail: str) -> str:
+def end_line(command: str, kind: EndKind | str, code: int, attempts: int, detail: str) -> str:
     """`podguard COMMAND: END KIND exit CODE after N attempt(s)[: detail]`, one line of at most MAX_LINE chars."""
     if kind not in KINDS:
         raise ValueError(f"unknown end kind {kind!r}; one of {', '.join(KINDS)}")
-    head = f"podguard {command}: END {kind} exit {int(code)} after {attempts} attempt(s)"
+    head = f"podguard {command}: END {EndKind(kind).value} exit {int(code)} after {attempts} attempt(s)"
     detail = " ".join(detail.split())
     if not detail:
         return head

@@ -132,7 +132,7 @@ def test_an_unhealthy_verdict_survives_a_closed_pipe(cli_node, tmp_path: Path) -
 def test_the_demo_on_a_cluster_node_is_launched_by_torchrun(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`args = "train"` (a spec's default) on an Instant Cluster node: --mode auto means torchrun there, not
     '64: multi-node needs --mode=torchrun, not --mode=per-gpu' about an option the user never gave."""
-    import podguard.cli.job as job
+    import podguard.job.conductor as conductor
     from podguard.cli.app import main
     from podguard.launch.config import LaunchMode
 
@@ -141,7 +141,7 @@ def test_the_demo_on_a_cluster_node_is_launched_by_torchrun(monkeypatch: pytest.
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PODGUARD_STATE_DIR", str(tmp_path / "state"))
     seen = []
-    monkeypatch.setattr(job, "run_job_flow", lambda cfg, opts: seen.append(cfg) or 0)
+    monkeypatch.setattr(conductor, "run_job", lambda settings, *_: seen.append(settings.launch) or 0)
     with pytest.raises(SystemExit) as exit_:
         main(["train"])
     assert exit_.value.code == 0

@@ -15,7 +15,6 @@ from podguard.errors import UsageError
 from podguard.guards.sampler import IdleTracker, is_idle
 from podguard.guards.settings import GuardSettings
 from podguard.guards.watch import GuardWatch, Phase
-from podguard.launch.config import LaunchOptions
 from podguard.pods.thispod.meter import Budget, Meter
 
 
@@ -84,14 +83,14 @@ def test_runtime_and_cost_are_deadlines_not_polls():
     assert trip is not None and trip.guard == "--max-cost" and "about $10.00" in trip.detail
 
 
-def test_settings_come_from_the_launch_options_and_the_interval_variable():
-    opts = LaunchOptions(idle_stop=1800.0, max_cost=150.0)
-    settings = GuardSettings.from_options(opts, {"PODGUARD_GUARD_INTERVAL": "0.25"})
+def test_settings_come_from_the_options_and_the_interval_variable():
+    opts = {"idle_stop_s": 1800.0, "max_runtime_s": None, "max_cost_usd": 150.0}
+    settings = GuardSettings.configured(**opts, env={"PODGUARD_GUARD_INTERVAL": "0.25"})
     assert (settings.idle_stop_s, settings.max_runtime_s, settings.max_cost_usd) == (1800.0, None, 150.0)
     assert settings.interval_s == 0.25 and settings.active and settings.after_job
-    assert not GuardSettings.from_options(LaunchOptions(), {}).active
+    assert not GuardSettings.configured(idle_stop_s=None, max_runtime_s=None, max_cost_usd=None, env={}).active
     with pytest.raises(UsageError, match="PODGUARD_GUARD_INTERVAL='soon'"):
-        GuardSettings.from_options(opts, {"PODGUARD_GUARD_INTERVAL": "soon"})
+        GuardSettings.configured(**opts, env={"PODGUARD_GUARD_INTERVAL": "soon"})
 
 
 def test_describe_names_the_guards_that_are_on_and_nothing_when_none_is():

@@ -3,8 +3,6 @@ the sampling interval, and `--max-cost`'s need for this pod's id and an API key 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from podguard.errors import ExitCode, UsageError
@@ -16,7 +14,9 @@ from podguard.guards.settings import (
     GuardSettings,
     check_guards,
 )
-from podguard.launch.config import LaunchOptions
+from podguard.job.configure import configure
+from podguard.job.options import JobOptions
+from podguard.preflight.options import PreflightOptions
 
 KEY = "rpa_TESTKEY0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -27,11 +27,21 @@ def test_the_constants_are_the_documented_ones():
     assert GuardSettings().interval_s == 10.0 and not GuardSettings().active
 
 
+OFF = {"idle_stop_s": None, "max_runtime_s": None, "max_cost_usd": None}
+
+
 def test_each_option_reaches_its_own_setting():
-    opts = SimpleNamespace(idle_stop=1800.0, max_runtime=7200.0, max_cost=150.0)
-    s = GuardSettings.from_options(opts, {})
+    s = GuardSettings.configured(idle_stop_s=1800.0, max_runtime_s=7200.0, max_cost_usd=150.0, env={})
     assert (s.idle_stop_s, s.max_runtime_s, s.max_cost_usd, s.interval_s) == (1800.0, 7200.0, 150.0, 10.0)
-    assert GuardSettings.from_options(SimpleNamespace(), {}) == GuardSettings()  # options without guards: all off
+    assert GuardSettings.configured(**OFF, env={}) == GuardSettings()  # no guard given: all off
+
+
+def test_the_job_configuration_hands_the_guards_typed_settings(tmp_path):
+    """job/configure.py composes the guards' own settings from the typed options (no getattr on an object)."""
+
+    settings = configure(["true"], JobOptions(idle_stop=60.0, max_runtime=7200.0), PreflightOptions())
+    assert settings.guards == GuardSettings(60.0, 7200.0, None)
+    assert configure(["true"], JobOptions(), PreflightOptions()).guards is None
 
 
 @pytest.mark.parametrize(
@@ -51,20 +61,20 @@ def test_which_guards_are_on_and_which_watch_after_the_job(idle, runtime, cost, 
 
 @pytest.mark.parametrize(("raw", "seconds"), [("0.25", 0.25), (" 2 ", 2.0), ("", 10.0), ("   ", 10.0), ("1e-3", 0.001)])
 def test_the_interval_variable(raw, seconds):
-    assert GuardSettings.from_options(LaunchOptions(), {ENV_INTERVAL: raw}).interval_s == seconds
+    assert GuardSettings.configured(**OFF, env={ENV_INTERVAL: raw}).interval_s == seconds
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "soon", "inf", "nan", "-inf", "1e999"])
 def test_a_bad_interval_is_64_naming_it(raw):
     with pytest.raises(UsageError) as info:
-        GuardSettings.from_options(LaunchOptions(), {ENV_INTERVAL: raw})
+        GuardSettings.configured(**OFF, env={ENV_INTERVAL: raw})
     assert info.value.code == ExitCode.USAGE
     assert info.value.message == f"{ENV_INTERVAL}={raw.strip()!r} is not valid; expected seconds > 0, e.g. 10"
 
 
 def test_the_process_environment_is_read_when_none_is_given(monkeypatch):
     monkeypatch.setenv(ENV_INTERVAL, "0.5")
-    assert GuardSettings.from_options(LaunchOptions()).interval_s == 0.5
+    assert GuardSettings.configured(**OFF).interval_s == 0.5
     monkeypatch.setenv("RUNPOD_POD_ID", "pod1")
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     check_guards(GuardSettings(max_cost_usd=5.0))  # the process's own pod id and key

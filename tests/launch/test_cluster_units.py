@@ -177,7 +177,8 @@ def test_verdicts_round_trip_through_the_store_text():
 def test_the_single_node_path_and_the_gate_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        "import podguard.cli.job, podguard.job.cluster, podguard.launch.cluster.gate, podguard.launch.cluster.netif\n"
+        "import podguard.cli.launch, podguard.job.conductor, podguard.job.multinode\n"
+        "import podguard.launch.cluster.gate, podguard.launch.cluster.netif\n"
         "import podguard.launch.cluster.protocol\n"
         "sys.exit('torch' in sys.modules)\n"
     )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from containersim import in_container, nolock_env, require_namespaces
-from podguard.launch.lifecycle import (
+from podguard.job.restart_guard import (
     LaunchAction,
     LaunchDecision,
     RunKind,
@@ -159,7 +159,7 @@ def test_unreadable_or_foreign_records_do_not_stop_a_start(tmp_path: Path):
 FULL_VOLUME = """
 import json, sys, time
 from pathlib import Path
-from podguard.launch.lifecycle import record_run
+from podguard.job.restart_guard import record_run
 state = Path(sys.argv[1])
 (state / "jobs").mkdir()
 try:  # fill the volume, as a job's checkpoints do
@@ -196,7 +196,7 @@ def test_records_on_a_volume_without_flock(tmp_path: Path):
         """
         import sys, time
         from pathlib import Path
-        from podguard.launch.lifecycle import load_history, record_run
+        from podguard.job.restart_guard import load_history, record_run
         state = Path(sys.argv[1])
         for n in range(2):
             assert record_run(key="k", argv=["t"], mode="single", exit_code=n, started_at=time.time(), state=state)

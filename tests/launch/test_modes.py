@@ -149,7 +149,7 @@ def test_per_gpu_job_runs_with_isolated_gpus_and_logs(tmp_path: Path):
 def test_importing_the_launch_modules_does_not_import_torch():
     code = (
         "import sys\n"
-        "import podguard.launch.modes, podguard.launch.supervisor, podguard.launch.lifecycle\n"
+        "import podguard.launch.modes, podguard.launch.supervisor, podguard.job.restart_guard\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     assert subprocess.run([PY, "-c", code], check=False).returncode == 0

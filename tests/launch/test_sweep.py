@@ -14,7 +14,7 @@ import time
 import pytest
 
 from podguard.errors import ExitCode, PodguardError, UsageError
-from podguard.launch.sweep import SweepRun, plan_sweep, podguard_train_argv, run_sweep, sweep_env
+from podguard.job.sweep import SweepRun, plan_sweep, podguard_train_argv, run_sweep, sweep_env
 
 
 def test_plan_splits_gpus_into_disjoint_runs():
@@ -114,7 +114,7 @@ def test_runs_are_independent_output_prefixed_first_failure_wins(tmp_path):
 DRIVER = textwrap.dedent(
     """
     import json, sys
-    from podguard.launch.sweep import plan_sweep, run_sweep
+    from podguard.job.sweep import plan_sweep, run_sweep
     child = (
         "import signal, sys, time\\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('stopping', flush=True), sys.exit(143)))\\n"

@@ -273,7 +273,7 @@ def test_stale_reply_file_is_removed(tmp_path):
 def test_importing_launch_modules_does_not_import_torch():
     code = (
         "import sys, podguard.launch.torchrun.command, podguard.launch.torchrun.failure, podguard.launch.ports, "
-        "podguard.preflight.leases, podguard.launch.sweep, podguard.rank.wrap; "
+        "podguard.preflight.leases, podguard.job.sweep, podguard.rank.wrap; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

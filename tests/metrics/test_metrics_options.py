@@ -74,7 +74,7 @@ def test_a_port_refused_after_the_file_was_opened_leaves_nothing_behind(cli_node
 
 
 def test_a_sweeps_runs_do_not_inherit_one_metrics_port_or_file():
-    from podguard.launch.sweep import SweepRun, sweep_env
+    from podguard.job.sweep import SweepRun, sweep_env
 
     base = {"PODGUARD_METRICS_PORT": "9464", "PODGUARD_METRICS_FILE": "/x/podguard.prom", "KEEP": "1"}
     env = sweep_env(SweepRun(index=1, gpus=("2", "3")), 2, base)

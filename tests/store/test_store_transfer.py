@@ -250,14 +250,14 @@ def test_parts_never_exceed_runpods_500_mb_and_never_number_more_than_10000():
 
 
 def test_a_multi_node_run_gives_the_mirror_its_node_role(tmp_path):
+    from podguard.job.options import CheckpointSettings
     from podguard.job.store import open_store_sync
-    from podguard.launch.config import LaunchOptions
     from podguard.store.nodes import NodeRole
     from podguard.store.url import parse_store_url
 
     url = parse_store_url(f"file://{tmp_path / 'store'}")
     for nnodes, rank, role in ((None, None, None), (2, 1, NodeRole(1, 2)), (3, 0, NodeRole(0, 3))):
-        opts = LaunchOptions(checkpoints=tmp_path / "ckpt", checkpoint_store=url, nnodes=nnodes, node_rank=rank)
-        sync = open_store_sync(opts)
+        checkpoints = CheckpointSettings(tmp_path / "ckpt", store=url)
+        sync = open_store_sync(checkpoints, nnodes=nnodes, node_rank=rank)
         assert sync is not None and sync.mirror.role == role
         sync.close()

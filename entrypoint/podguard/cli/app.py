@@ -20,7 +20,7 @@ from typer._click import exceptions as click_exc
 
 from podguard import __version__
 from podguard.errors import ExitCode, PodguardError
-from podguard.pods import thispod
+from podguard.job.ending import refused_in_pod
 
 app = typer.Typer(
     name="podguard",
@@ -91,18 +91,17 @@ def main(argv: list[str] | None = None) -> None:
         code = ExitCode.USAGE
     except click_exc.UsageError as exc:
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
-        _end_in_pod(args, ExitCode.USAGE, exc.format_message())
+        _refused_in_pod(args, ExitCode.USAGE, exc.format_message())
         print(f"podguard: error: {exc.format_message()}{hint}", file=sys.stderr)
         code = ExitCode.USAGE
     except click_exc.ClickException as exc:
-        _end_in_pod(args, ExitCode.USAGE, exc.format_message())
+        _refused_in_pod(args, ExitCode.USAGE, exc.format_message())
         print(f"podguard: error: {exc.format_message()}", file=sys.stderr)
         code = ExitCode.USAGE
     except typer_exc.Abort:
         code = 130
-    except PodguardError as exc:
-        if not exc.end_said:
-            _end_in_pod(args, exc.code, exc.message)
+    except PodguardError as exc:  # (train/run: an option's value refused before the conductor ran)
+        _refused_in_pod(args, exc.code, exc.message)
         print(f"podguard: error: {exc.message}", file=sys.stderr)
         code = exc.code
     except BrokenPipeError:
@@ -110,13 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(_flush_stdout(int(code or 0)))
 
 
-def _end_in_pod(args: list[str], code: int, message: str) -> None:
-    """Inside a pod, `train`/`run` refused before its run began still says END (kind preflight): a keeper reading
-    the pod's log stops the pod instead of waiting on a container that restarts into the same refusal."""
-    if args and args[0] in ("train", "run") and thispod.pod_id():
-        from podguard.outcome_lines import end_line
-
-        print(end_line(args[0], "preflight", code, 0, message), file=sys.stderr, flush=True)
+def _refused_in_pod(args: list[str], code: int, message: str) -> None:
+    """`train`/`run` refused before the conductor ran (a bad option): inside a pod it still says END preflight, a
+    keeper reading the pod's log stops the pod instead of waiting on a container that restarts into the same
+    refusal. The conductor says every other END and handles its own errors (job/ending.py)."""
+    if args and args[0] in ("train", "run"):
+        refused_in_pod(args[0], code, message)
 
 
 READER_GONE = 128 + signal.SIGPIPE  # 141: the output's reader went away before the command finished writing

@@ -1,4 +1,5 @@
-"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over `cli/job.py` and `launch/sweep.py`."""
+"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over the conductor (job/conductor.py: one
+call, from the checks of the configuration to the END line) and `job/sweep.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import typer
 from podguard.cli.options import LAUNCH, PREFLIGHT
 from podguard.cli.params import Command, options
 from podguard.errors import ExitCode, PodguardError
-from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, LaunchOptions, demo_argv
+from podguard.job.conductor import conduct
+from podguard.job.options import JobOptions
+from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, demo_argv
 from podguard.preflight.options import PreflightOptions
 
 PREFLIGHT_ALL = tuple(name for name in PREFLIGHT.params if name != "dry_run")
@@ -30,10 +33,8 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 
 @options(LAUNCH, LAUNCH_ALL, into="launch")
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="train")
-def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
+def train(opts: PreflightOptions, launch: JobOptions, command: Command = None) -> None:
     """Preflight, then launch CMD and supervise it to the end. Without CMD: the built-in demo training job."""
-    from podguard.cli.job import configure_counted, run_job_flow
-
     argv = list(command or [])
     demo = not argv and launch.job_file is None
     if demo:
@@ -44,18 +45,16 @@ def train(opts: PreflightOptions, launch: LaunchOptions, command: Command = None
             mode=auto if launch.mode is LaunchMode.AUTO else launch.mode,
             cpu_workers=DEMO_CPU_WORKERS if launch.cpu_workers is None else launch.cpu_workers,
         )
-    raise typer.Exit(run_job_flow(configure_counted(argv, launch, opts, demo=demo), opts))
+    raise typer.Exit(conduct(argv, launch, opts, demo=demo))
 
 
 @options(LAUNCH, RUN_LAUNCH, into="launch", mode=LaunchMode.SINGLE, rerun=True)
 @options(PREFLIGHT, PREFLIGHT_ALL, into="opts", command="run")
-def run(opts: PreflightOptions, launch: LaunchOptions, command: Command = None) -> None:
+def run(opts: PreflightOptions, launch: JobOptions, command: Command = None) -> None:
     """The same preflight for any command (an inference server, a notebook), then run and supervise it.
 
     A restarted container starts it again (services are not "finished" like a training job)."""
-    from podguard.cli.job import configure_counted, run_job_flow
-
-    raise typer.Exit(run_job_flow(configure_counted(list(command or []), launch, opts), opts))
+    raise typer.Exit(conduct(list(command or []), launch, opts))
 
 
 @options(PREFLIGHT, ("gpu_list", "grace_s", "state_dir"), into="opts", command="sweep")
@@ -69,7 +68,7 @@ def sweep(
     name: str | None = typer.Option(None, "--name", envvar="PODGUARD_SWEEP_NAME", help="Sweep name (for logs)."),
 ) -> None:
     """Launch N concurrent `podguard train` runs of K GPUs each on this node (disjoint GPUs, distinct ports)."""
-    from podguard.launch.sweep import plan_sweep, run_sweep
+    from podguard.job.sweep import plan_sweep, run_sweep
     from podguard.preflight.inventory import read_inventory
     from podguard.preflight.selection import select_gpus
     from podguard.state import state_dir

@@ -12,7 +12,8 @@ from podguard.checkpoints.option import checkpoints_dir
 from podguard.cli import option_values as values
 from podguard.cli.params import Group, Param, choice, count, parse_int, ratio, seconds, whole, words
 from podguard.durations import DURATION_HELP, parse_duration, parse_usd
-from podguard.launch.config import LaunchMode, LaunchOptions, OnExit
+from podguard.job.options import JobOptions
+from podguard.launch.config import LaunchMode, OnExit
 from podguard.preflight.options import DegradedPolicy, OnFewer, PreflightOptions, ProbeMode
 from podguard.store.url import parse_store_url
 
@@ -171,7 +172,7 @@ PREFLIGHT = Group(
 )
 
 LAUNCH = Group(
-    LaunchOptions,
+    JobOptions,
     {
         "mode": Param(
             ("--mode",),

@@ -3,7 +3,7 @@
     @options(PREFLIGHT, ("gpu_list", "probe"), into="opts", command="health")   # tables: cli/options.py
     def health(opts: PreflightOptions, as_json: Json = False) -> None: ...
 
-Defaults come from the record's dataclass (`PreflightOptions`, `LaunchOptions`), so they live in one place.
+Defaults come from the record's dataclass (`PreflightOptions`, `JobOptions`), so they live in one place.
 Values are parsed by podguard, so a bad one is one line naming it and what is valid (exit 64).
 """
 

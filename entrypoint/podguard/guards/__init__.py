@@ -1,6 +1,6 @@
 """Billing guards: `--idle-stop`, `--max-runtime`, `--max-cost` enforced from inside the pod (docs/guards.md).
 
-settings = GuardSettings.from_options(cfg.options)     # check_guards(): 64 before anything runs
+settings = job.guards                                  # job/configure.py: GuardSettings.configured, check_guards
 guards = open_guards(settings)                          # reads the pod's cost/hr once (--max-cost)
 run_job(specs, watch=guards.supervised(selection))      # sampled on the supervisor's loop
 if guards.tripped: code = end_after_trip(guards.tripped) # stop this pod through the API, else 124

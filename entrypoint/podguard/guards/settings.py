@@ -1,7 +1,9 @@
 """The guard settings as the options gave them, and the checks that run before anything starts.
 
-settings = GuardSettings.from_options(launch_options)   # PODGUARD_GUARD_INTERVAL read here
-check_guards(settings)                                  # --max-cost outside a pod / without a key: 64
+    settings = GuardSettings.configured(idle_stop_s=600, max_runtime_s=None, max_cost_usd=None)
+    check_guards(settings)          # --max-cost outside a pod / without a key: 64
+
+Both run in job/configure.py, before anything starts; PODGUARD_GUARD_INTERVAL is read in `configured`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ class GuardSettings:
     interval_s: float = DEFAULT_INTERVAL_S
 
     @classmethod
-    def from_options(cls, opts: object, env: Mapping[str, str] | None = None) -> GuardSettings:
-        """From `LaunchOptions` (idle_stop, max_runtime, max_cost) and PODGUARD_GUARD_INTERVAL."""
+    def configured(
+        cls,
+        *,
+        idle_stop_s: float | None,
+        max_runtime_s: float | None,
+        max_cost_usd: float | None,
+        env: Mapping[str, str] | None = None,
+    ) -> GuardSettings:
+        """From `--idle-stop`, `--max-runtime`, `--max-cost` (None: off) and PODGUARD_GUARD_INTERVAL (64 when it
+        is not valid)."""
         env = os.environ if env is None else env
         raw = env.get(ENV_INTERVAL, "").strip()
         interval = DEFAULT_INTERVAL_S
@@ -43,12 +53,7 @@ class GuardSettings:
                 interval = math.nan  # (fails the check below, as nan and inf themselves do)
             if not (0 < interval < math.inf):
                 raise UsageError(f"{ENV_INTERVAL}={raw!r} is not valid; expected seconds > 0, e.g. 10")
-        return cls(
-            getattr(opts, "idle_stop", None),
-            getattr(opts, "max_runtime", None),
-            getattr(opts, "max_cost", None),
-            interval,
-        )
+        return cls(idle_stop_s, max_runtime_s, max_cost_usd, interval)
 
     @property
     def active(self) -> bool:

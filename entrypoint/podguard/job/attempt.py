@@ -8,7 +8,7 @@ the heartbeat board and, with a hang timeout, torch's flight recorder settings; 
 PODGUARD_CHECKPOINTS and the newest whole checkpoint (PODGUARD_RESUME_FROM/_STEP, job/handoff.py). The run-time
 watch (hangs, GPU faults, stragglers: launch/watch/) and the billing guards (with `--save-signal`, a save request
 before they end the job: guards/save.py) watch from the supervisor's loop; the outcome is recorded for the restart
-guard (launch/lifecycle.py). `accelerate launch` gets the leased port as --main_process_port (job/accelerate.py).
+guard (job/restart_guard.py). `accelerate launch` gets the leased port as --main_process_port (job/accelerate.py).
 """
 
 from __future__ import annotations
@@ -24,19 +24,24 @@ from typing import TYPE_CHECKING
 
 from podguard.errors import UsageError
 from podguard.gpu.selected import Selection
+from podguard.job import restart_guard
+from podguard.launch import modes
 from podguard.launch.config import JobConfig, LaunchMode
 from podguard.launch.job_env import line_buffering_env
 from podguard.launch.line_shims import buffering_warnings
+from podguard.launch.modes import pick_mode
+from podguard.launch.run import run_job
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.group import WatchGroup
 from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
 from podguard.preflight.options import PreflightOptions
+from podguard.state import subdir
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.guards.save import SaveBeforeStop
     from podguard.job.handoff import AttemptCheckpoints, Handoff
-    from podguard.launch.cluster.model import GateSettings
+    from podguard.job.options import CheckpointSettings, JobSettings
     from podguard.launch.supervisor import Watch
     from podguard.metrics import Metrics
 
@@ -58,7 +63,7 @@ class AttemptResult:
 
 
 def run_attempt(
-    cfg: JobConfig,
+    settings: JobSettings,
     opts: PreflightOptions,
     selection: Selection,
     base: Path,
@@ -71,9 +76,10 @@ def run_attempt(
     handoff: Handoff | None = None,
 ) -> AttemptResult:
     """Port, prepare, the workers under supervision and watch, the outcome record. With `handoff`
-    (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py)."""
-    from podguard.launch import lifecycle
-
+    (`--checkpoints`) the workers get PODGUARD_RESUME_FROM/_STEP (job/handoff.py). On a multi-node run with a
+    hang timeout the nodes share their progress on the cluster gate's store (a hang is the job's verdict)."""
+    cfg = settings.launch
+    checkpoints = settings.checkpoints
     started, t0 = time.time(), time.monotonic()
     run_dir = _run_dir(base)
     env: dict[str, str] = {
@@ -84,15 +90,15 @@ def run_attempt(
     }
     if handoff is not None:
         env.update(handoff.before())  # says `resuming from ...` (or `no checkpoint yet in DIR`)
-    if cfg.options.save_signal is not None:  # the callbacks (podguard.integrations) listen for it
+    if checkpoints is not None and checkpoints.save_signal is not None:  # the callbacks (integrations/) listen
         import signal
 
-        env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(cfg.options.save_signal).name
+        env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(checkpoints.save_signal).name
     mode = _pick_mode(cfg, selection, say=attempt == 0)
     if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
         for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
             _say(f"podguard: {warning}")
-    runtime = RuntimeWatch(_runtime_settings(cfg, opts, selection, mode), run_dir, say=_say)
+    runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir, say=_say)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
     try:
@@ -122,13 +128,13 @@ def run_attempt(
                 guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
                 if description := guards.describe():
                     _say(f"podguard: {description}")
-            watches.insert(0, guards.supervised(_save_before_stop(cfg, runtime, handoff)))
+            watches.insert(0, guards.supervised(_save_before_stop(checkpoints, runtime, handoff)))
         if metrics is not None:  # last: it takes the run-time watch's state, its final poll included
             watches.append(metrics.attempt(runtime, attempt=attempt, mode=mode, gpus=selection.gpus))
         told = _run_mode(mode, cfg, selection, env, port, run_dir, WatchGroup(watches))
         outcome = runtime.explain(told)
         seen = handoff.after(run_dir) if handoff is not None else None
-        record = lifecycle.record_outcome(
+        record = restart_guard.record_outcome(
             outcome if seen is None else replace(outcome, detail=_joined(seen.fragment(), outcome.detail)),
             key=key,
             argv=cfg.job_argv,
@@ -167,28 +173,30 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
     return replace(cfg, argv=argv)
 
 
-def _save_before_stop(cfg: JobConfig, runtime: RuntimeWatch, handoff: Handoff | None) -> SaveBeforeStop | None:
+def _save_before_stop(
+    checkpoints: CheckpointSettings | None, runtime: RuntimeWatch, handoff: Handoff | None
+) -> SaveBeforeStop | None:
     """`--save-signal`: the save request a billing guard makes before it ends the job (guards/save.py). A job
     that the hang watch finds silent past --hang-timeout is hung: it is not asked. While podguard waits for the
     save, the hang clock stands still (the save may be silent), up to --save-grace."""
-    o = cfg.options
-    if o.save_signal is None or o.checkpoints is None:
+    if checkpoints is None or checkpoints.save_signal is None:
         return None
     from podguard.guards.save import SaveBeforeStop, SaveSettings
 
     def hung() -> bool:
         return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
 
-    save = SaveBeforeStop(SaveSettings(o.save_signal, o.save_grace, o.checkpoints), hung, clock=runtime)
+    settings = SaveSettings(checkpoints.save_signal, checkpoints.save_grace_s, checkpoints.folder)
+    save = SaveBeforeStop(settings, hung, clock=runtime)
     if handoff is not None and handoff.store is not None:  # --checkpoint-store: its upload is waited for too
         save.store = handoff.store.upload_wait()
     return save
 
 
 def _runtime_settings(
-    cfg: JobConfig, opts: PreflightOptions, selection: Selection, mode: LaunchMode
+    settings: JobSettings, opts: PreflightOptions, selection: Selection, mode: LaunchMode
 ) -> RuntimeSettings:
-    o = cfg.options
+    hang_timeout_s, progress = settings.hang_timeout_s, settings.progress
     line_prefix = line_rank = None
     if mode is LaunchMode.TORCHRUN:  # the ranks' lines reach the watch through torchrun with the wrapper's prefix
         from podguard.launch.prefix import prefix_pattern, prefix_rank_pattern
@@ -197,25 +205,16 @@ def _runtime_settings(
         line_prefix = prefix_pattern(DEFAULT_RANK_PREFIX)
         line_rank = prefix_rank_pattern(DEFAULT_RANK_PREFIX)
     return RuntimeSettings(
-        hang_timeout_s=o.hang_timeout,
-        progress=re.compile(o.progress) if o.progress else None,
+        hang_timeout_s=hang_timeout_s,
+        progress=re.compile(progress) if progress else None,
         slow_ratio=opts.slow_ratio,
         gpus=tuple((g.index, g.uuid) for g in dict.fromkeys(selection.gpus)),
         slot_gpus={slot: g.index for slot, g in enumerate(selection.gpus)},
-        python=_job_python(cfg.argv),
+        python=_job_python(settings.launch.argv),
         line_prefix=line_prefix,
         line_rank=line_rank,
-        cluster=_cluster_share(cfg),
+        cluster=settings.gate if hang_timeout_s is not None else None,
     )
-
-
-def _cluster_share(cfg: JobConfig) -> GateSettings | None:
-    """A multi-node run with a hang timeout: the nodes share their progress (a hang is the job's verdict)."""
-    if cfg.options.hang_timeout is None:
-        return None
-    from podguard.job.cluster import cluster_share_settings
-
-    return cluster_share_settings(cfg)
 
 
 def _job_python(argv: tuple[str, ...]) -> str | None:
@@ -229,8 +228,6 @@ def _job_python(argv: tuple[str, ...]) -> str | None:
 
 def _run_dir(base: Path) -> Path:
     """`<state>/runs/<time>-<pid>`; a temp folder (with a warning) when the volume cannot take it (full)."""
-    from podguard.state import subdir
-
     name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}-{time.monotonic_ns() % 10**6:06d}"
     try:
         return subdir(subdir(base, "runs"), name)
@@ -247,8 +244,6 @@ def _pick_mode(cfg: JobConfig, selection: Selection, *, say: bool = True) -> Lau
         if say:
             _say(f"podguard: mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
         return LaunchMode.TORCHRUN
-    from podguard.launch.modes import pick_mode
-
     choice = pick_mode(cfg.argv, selection)
     if say:
         _say(f"podguard: {choice.reason}")
@@ -264,9 +259,6 @@ def _run_mode(
     run_dir: Path,
     watch: Watch | None = None,
 ) -> JobOutcome:
-    from podguard.launch import modes
-    from podguard.launch.run import run_job
-
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     only_gpu = cfg.options.only_gpu
@@ -305,7 +297,6 @@ def _run_mode(
 def _run_torchrun(
     cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path, watch: Watch | None
 ) -> JobOutcome:
-    from podguard.launch.run import run_job
     from podguard.launch.summary import format_summary
     from podguard.launch.torchrun.command import build_torchrun_spec
     from podguard.launch.torchrun.failure import explain_torchrun_failure

@@ -1,112 +1,103 @@
-"""The lifecycle of one `podguard train|run`: attempt -> preflight -> launch -> watch -> outcome -> restart or end.
+"""The lifecycle of one `podguard train|run`: configure -> attempt -> preflight -> launch -> watch -> outcome ->
+restart or end. The CLI's one call:
 
-    code = run_job_flow(cfg, preflight_opts)
+    code = conduct(["python", "train.py"], launch_options, preflight_opts, demo=False)
 
-1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (launch/lifecycle.py);
+0. every check of the options and the environment (job/configure.py: 64 before anything runs), then what the run
+   opens before anything starts: the metrics port and file, the billing guards, the checkpoint store;
+1. the restart guard: a restarted container does not re-run a finished job nor crash-loop (job/restart_guard.py);
    a budget already spent ends it here (guards/);
 2. each attempt: a fresh preflight (cleanup, selection, the gate; the GPUs stay leased from the first attempt
-   on), on a multi-node run the cluster gate (all nodes launch or none: job/cluster.py), then the workers under
+   on), on a multi-node run the cluster gate (all nodes launch or none: job/multinode.py), then the workers under
    supervision, the billing guards and the run-time watch (job/attempt.py); with `--checkpoints` the newest
    whole checkpoint is handed to each attempt (job/handoff.py);
 3. the outcome: success, a signal or a tripped guard end the job; a crash, a hang (79) or a GPU fault (76) is
    relaunched while `--restarts` allow and no crash loop is seen (job/restarts.py; a new whole checkpoint is
    progress), after an announced pause;
-4. the END line (outcome_lines.py; with `--checkpoints` it names the checkpoint the last attempt started from and
-   the newest at its end), then `--on-exit` (or, when a guard ended the job, stop this pod / 124).
+4. the END line, exactly once, around the whole run (job/ending.py; with `--checkpoints` it names the checkpoint the
+   last attempt started from and the newest at its end), then `--on-exit` (or, when a guard ended the job, stop
+   this pod / 124). A PodguardError ends the command: its END line, its one-line error, its exit code.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from contextlib import ExitStack
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard import console
+from podguard.errors import ExitCode, PodguardError, signal_exit_code
 from podguard.gpu.selected import Selection
+from podguard.guards import open_guards
+from podguard.job import restart_guard
 from podguard.job.attempt import AttemptResult, run_attempt
-from podguard.job.cluster import cluster_gate_settings, pass_cluster_gate, worker_socket_env
-from podguard.job.restarts import Failure, RestartPolicy, made_progress
+from podguard.job.configure import configure_counted
+from podguard.job.ending import Ending, EndOfRun
+from podguard.job.multinode import pass_cluster_gate, worker_socket_env
+from podguard.job.options import JobOptions, JobSettings
+from podguard.job.restarts import Failure, FailureKind, RestartPolicy, made_progress
 from podguard.job.store import StoreSync, open_store_sync, store_series
 from podguard.launch.config import JobConfig, LaunchMode, OnExit
-from podguard.outcome_lines import end_line, restart_line
+from podguard.metrics import open_metrics
+from podguard.outcome_lines import EndKind, restart_line
+from podguard.pause import next_signal, signals_held
 from podguard.preflight.options import PreflightOptions
 from podguard.preflight.pipeline import PreflightResult, run_preflight
 from podguard.redact import redact_command
+from podguard.state import state_dir
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.job.handoff import AttemptCheckpoints, Handoff
-    from podguard.launch.lifecycle import LaunchDecision
     from podguard.metrics import Metrics
     from podguard.pods.selfheal import SelfHealConfig
     from podguard.preflight.leases import GpuLease
 
-__all__ = ["check_restarts", "guarded", "run_job_flow"]
+__all__ = ["Conductor", "conduct", "run_job"]
 
 
-def guarded(cfg: JobConfig) -> bool:
-    o = cfg.options
-    return any(v is not None for v in (o.idle_stop, o.max_runtime, o.max_cost))
+def conduct(argv: list[str], options: JobOptions, opts: PreflightOptions, *, demo: bool = False) -> int:
+    """`podguard train|run`, whole: the module docstring's steps with exactly one END line; the exit code."""
+    end = EndOfRun(opts.command)
+    try:  # (the END line comes before what the run held is closed: `held` closes last)
+        with ExitStack() as held, end.around():
+            settings = configure_counted(argv, options, opts, demo=demo)
+            base = state_dir(opts.state_dir)
+            end.started = True
+            return run_job(settings, opts, base, end, held)
+    except PodguardError as exc:
+        console.line(f"podguard: error: {exc.message}", loud=True)
+        return exc.code
 
 
-def check_restarts(cfg: JobConfig) -> None:
-    """`--restarts` relaunches this node's job: a multi-node run restarts through torchrun instead (64)."""
-    if cfg.options.restarts and cfg.multi_node:
-        raise UsageError(
-            f"--restarts={cfg.options.restarts} relaunches one node's job; on a multi-node run use --max-restarts "
-            "(torchrun restarts the worker group on every node together)"
-        )
-
-
-def run_job_flow(cfg: JobConfig, opts: PreflightOptions) -> int:
-    """Run the whole lifecycle and return the process exit code (see the module docstring)."""
-    from podguard.state import state_dir
-
-    base = state_dir(opts.state_dir)
-    heal = _self_heal_config()  # PODGUARD_SELF_HEAL/_AFTER/PARK: a bad value is exit 64 before anything runs
-    metrics = guards = store = None
-    conductor: Conductor | None = None
-    try:
-        metrics = _open_metrics(cfg)  # --metrics-port/--metrics-file: a taken port is exit 64 before anything runs
-        guards = _open_guards(cfg)  # --max-cost reads this pod's cost/hr and start from the API, once
+def run_job(settings: JobSettings, opts: PreflightOptions, base: Path, end: EndOfRun, held: ExitStack) -> int:
+    """Open what the run holds (metrics, guards, the store: a taken port or a missing bucket is 64 here, before
+    anything runs; each is closed by `held`, the store first), then run the lifecycle."""
+    cfg = settings.launch
+    metrics = _open_metrics(settings)  # --metrics-port/--metrics-file: a taken port is exit 64
+    if metrics is not None:
+        held.callback(metrics.close)  # the port closes; the file keeps its last values
+    guards = _open_guards(settings)  # --max-cost reads this pod's cost/hr and start from the API, once
+    if guards is not None:
+        held.callback(guards.close)
+    if metrics is not None:
+        metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
+    # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
+    publish = (lambda _stats: metrics.refresh()) if metrics is not None else None
+    store = open_store_sync(settings.checkpoints, publish, nnodes=cfg.options.nnodes, node_rank=cfg.options.node_rank)
+    if store is not None:
+        held.callback(store.close)
         if metrics is not None:
-            metrics.read_price(guards)  # inside a pod: its price (the cost guard's read, else one of its own)
-        # --checkpoint-store: no such bucket or refused credentials are exit 64 before anything runs (job/store.py)
-        store = open_store_sync(cfg.options, (lambda _stats: metrics.refresh()) if metrics is not None else None)
-        if metrics is not None and store is not None:
-            sync = store
-            metrics.add_source(lambda: store_series(sync.mirror.stats()))
-        conductor = Conductor(cfg, opts, base, heal, guards, metrics=metrics, store=store)
-        return conductor.run()
-    except PodguardError as exc:  # a run that started says how it ended, once (`pod keep` reads it)
-        if conductor is None or not conductor.ended:
-            attempts = conductor.attempts if conductor is not None else 0
-            _say(end_line(opts.command, "preflight", exc.code, attempts, exc.message))
-        exc.end_said = True
-        raise
-    finally:
-        if store is not None:
-            store.close()
-        if guards is not None:
-            guards.close()
-        if metrics is not None:
-            metrics.close()  # the port closes; the file keeps its last values
-
-
-@dataclass
-class Ending:
-    """How the job ended, before `--on-exit`: the END line's kind and code, the record to point at."""
-
-    kind: str
-    code: int
-    detail: str
-    record: Path | None = None
+            metrics.add_source(lambda: store_series(store.mirror.stats()))
+    return Conductor(settings, opts, base, end, guards, metrics=metrics, store=store).run()
 
 
 class Conductor:
@@ -114,20 +105,21 @@ class Conductor:
 
     def __init__(
         self,
-        cfg: JobConfig,
+        settings: JobSettings,
         opts: PreflightOptions,
         base: Path,
-        heal: SelfHealConfig | None,
+        end: EndOfRun,
         guards: GuardWatch | None,
         *,
         metrics: Metrics | None = None,
         store: StoreSync | None = None,
     ) -> None:
-        from podguard.launch import lifecycle
-
+        cfg = settings.launch
+        self.settings = settings
         self.cfg = cfg
         self.base = base
-        self.heal = heal
+        self.end_of_run = end  # the END line: said once, by `end()` or (an error) around the run
+        self.heal = settings.self_heal
         self.guards = guards
         self.metrics = metrics
         self.opts = replace(
@@ -136,18 +128,24 @@ class Conductor:
             extra={**opts.extra, "command_line": f"podguard {opts.command} -- {redact_command(cfg.argv)}"},
         )
         self.command = opts.command
-        self.key = lifecycle.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
-        self.policy = RestartPolicy(cfg.options.restarts)
+        self.key = restart_guard.job_key(cfg.job_argv, cfg.mode, extra=[os.environ.get("GPU_LIST", "")])
+        self.policy = RestartPolicy(settings.restarts)
         self.lease: GpuLease | None = None
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs with a fatal fault in an attempt: unhealthy from then on
-        self.attempts = 0
-        self.ended = False  # the END line was said
         self.record: Callable[..., Path | None] | None = None
-        self.handoff = _handoff(cfg)  # --checkpoints: the newest whole checkpoint handed to each attempt
+        self.handoff = _handoff(settings)  # --checkpoints: the newest whole checkpoint handed to each attempt
         self.store = store  # --checkpoint-store: restored before each attempt, mirrored during it
         if self.handoff is not None:
             self.handoff.store = store
         self.seen: AttemptCheckpoints | None = None  # the last attempt's checkpoints (END and RESTART name them)
+
+    @property
+    def attempts(self) -> int:
+        return self.end_of_run.attempts
+
+    @attempts.setter
+    def attempts(self, value: int) -> None:
+        self.end_of_run.attempts = value
 
     # -- the lifecycle ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -164,7 +162,7 @@ class Conductor:
                 self.lease.release()
 
     def attempts_until_the_end(self) -> int:
-        gate = cluster_gate_settings(self.cfg)  # multi-node: bad values are 64 before anything is leased or stopped
+        gate = self.settings.gate  # multi-node: checked by configure()
         socket_env, notes = worker_socket_env()  # NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR
         for attempt in itertools.count():
             self.attempts = attempt + 1
@@ -176,12 +174,13 @@ class Conductor:
             if passed is not None and not passed.launch:  # another node failed or did not come: nobody launches
                 detail = passed.detail or "cluster gate"
                 stopped = self._record_start(passed.code, detail, "cluster gate")
-                return self.end(Ending("preflight", passed.code, detail, stopped))
+                return self.end(Ending(EndKind.PREFLIGHT, passed.code, detail, stopped))
             if passed is None and attempt == 0:
-                _say_all(notes)
+                for note in notes:
+                    console.line(f"podguard: {note}")
             assert pre.selection is not None
             result = run_attempt(
-                self.cfg,
+                self.settings,
                 self.opts,
                 pre.selection,
                 self.base,
@@ -201,21 +200,19 @@ class Conductor:
                 return self.end(self.ending_of(result))
             decision = self.policy.after(failure)
             if not decision.restart:
-                if self.cfg.options.restarts:
-                    _say(f"podguard: not restarting: {decision.reason}")
+                if self.settings.restarts:
+                    console.line(f"podguard: not restarting: {decision.reason}")
                 return self.end(self.ending_of(result, failure))
             got = self.pause(attempt + 1, decision.delay_s, failure)
             if got is not None:
-                return self.end(Ending("signal", signal_exit_code(got), "a signal during the restart pause"))
+                return self.end(Ending(EndKind.SIGNAL, signal_exit_code(got), "a signal during the restart pause"))
         raise AssertionError("unreachable")
 
     def restart_guard(self) -> int | None:
         """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
-        from podguard.launch import lifecycle
-
-        decision = lifecycle.plan_launch(self.key, rerun=self.cfg.options.rerun, state=self.base)
+        decision = restart_guard.plan_launch(self.key, rerun=self.settings.rerun, state=self.base)
         if decision.delay_s > 0:
-            got = lifecycle.backoff_wait(decision, out=sys.stderr)
+            got = restart_guard.backoff_wait(decision, out=sys.stderr)
             if got is not None:
                 return signal_exit_code(got)
         if self.guards is not None and (trip := self.guards.check(time.monotonic())) is not None:
@@ -225,31 +222,32 @@ class Conductor:
         # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
         # the clock starts after the pause, or long pauses would make quick crashes look slow
         self.record = partial(
-            lifecycle.record_run,
+            restart_guard.record_run,
             key=self.key,
             argv=self.cfg.job_argv,
             mode=self.cfg.mode,
             started_at=time.time(),
             state=self.base,
         )
-        if decision.action is lifecycle.LaunchAction.SKIP:
+        if decision.action is restart_guard.LaunchAction.SKIP:
             return self.skip(decision)
         return None
 
-    def skip(self, decision: LaunchDecision) -> int:
-        from podguard.launch import lifecycle
-
+    def skip(self, decision: restart_guard.LaunchDecision) -> int:
         assert self.record is not None
         if not decision.delay_s:
-            _say(f"podguard: {decision.reason}")
-        skipped = self.record(exit_code=ExitCode.OK, kind=lifecycle.RunKind.SKIP)
+            console.line(f"podguard: {decision.reason}")
+        skipped = self.record(exit_code=ExitCode.OK, kind=restart_guard.RunKind.SKIP)
         self.attempts = 0
-        return self.end(Ending("success", ExitCode.OK, "finished before (not run again)", skipped or decision.record))
+        ending = Ending(EndKind.SUCCESS, ExitCode.OK, "finished before (not run again)", skipped or decision.record)
+        return self.end(ending)
 
     def preflight(self, attempt: int) -> PreflightResult:
         """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
         if attempt:
-            _say(f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch")
+            console.line(
+                f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch"
+            )
         pre = run_preflight(
             self.opts, validate_selection=_selection_check(self.cfg), held=self.lease, faulted=self.faulted
         )
@@ -262,7 +260,7 @@ class Conductor:
         healed = _self_heal(self.heal, pre.exit_code, self.base, pre.report_path)  # may restart/replace/park the pod
         if healed != pre.exit_code:
             return healed
-        return self.end(Ending("preflight", pre.exit_code, "", failed))  # its summary said why
+        return self.end(Ending(EndKind.PREFLIGHT, pre.exit_code, "", failed))  # its summary said why
 
     def failure_of(self, result: AttemptResult) -> Failure | None:
         """What a relaunch would answer, or None when the attempt ended the job (success, signal, guard)."""
@@ -283,59 +281,56 @@ class Conductor:
         if watch.hang is not None and result.code == ExitCode.HUNG:
             what = f"ranks {','.join(map(str, watch.hang.ranks))}" if watch.hang.ranks else "no progress"
             # an attempt that hung before its first line or heartbeat made no progress, however long it ran
-            return Failure(result.code, "hang", what, (progressed and progress.seen) or saved)
+            return Failure(result.code, FailureKind.HANG, what, (progressed and progress.seen) or saved)
         fatal = [f for f in watch.faults if f.fatal]
         if fatal and result.code == ExitCode.GPU_UNHEALTHY:
             first = fatal[0]
             what = f"GPU {first.index} " + (f"Xid {first.xid}" if first.xid is not None else first.kind)
-            return Failure(result.code, "gpu_fault", what, progressed)
-        return Failure(result.code, "crash", "", progressed)  # the exit code tells one crash from another
+            return Failure(result.code, FailureKind.GPU_FAULT, what, progressed)
+        return Failure(result.code, FailureKind.CRASH, "", progressed)  # the exit code tells one crash from another
 
     def pause(self, number: int, delay_s: float, failure: Failure) -> int | None:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
-        from podguard.pause import next_signal, signals_held
-
-        line = restart_line(self.command, number, self.cfg.options.restarts, delay_s, failure.text, failure.code)
-        _say(line + (f"; {self.fragment()}" if self.seen is not None else ""))
+        line = restart_line(self.command, number, self.settings.restarts, delay_s, failure.text, failure.code)
+        console.line(line + (f"; {self.fragment()}" if self.seen is not None else ""))
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
-            import signal
-
-            _say(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
+            console.line(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
         return got
 
     def ending_of(self, result: AttemptResult, failure: Failure | None = None) -> Ending:
         outcome = result.outcome
         if self.guards is not None and self.guards.tripped is not None:
             trip = self.guards.tripped  # (its own line, next, says why and what it does about the pod)
-            return Ending("guard", ExitCode.BILLING_GUARD, trip.guard, result.record)
+            return Ending(EndKind.GUARD, ExitCode.BILLING_GUARD, trip.guard, result.record)
         if outcome.signal is not None:
-            kind = "signal"
+            kind = EndKind.SIGNAL
         elif result.code == ExitCode.OK:
-            kind = "success"
-        elif failure is not None and failure.kind == "hang":
-            kind = "hung"
-        elif failure is not None and failure.kind == "gpu_fault":
-            kind = "gpu-fault"
+            kind = EndKind.SUCCESS
+        elif failure is not None:
+            kind = FailureKind(failure.kind).end_kind  # failed | hung | gpu-fault
         else:
-            kind = "failed"
+            kind = EndKind.FAILED
         return Ending(kind, result.code, result.explained, result.record)  # the summary said the rest already
 
     def end(self, ending: Ending) -> int:
         """The END line, then what comes after the job: a guard stops the pod (or 124), else `--on-exit`."""
-        if self.store is not None and ending.kind not in ("guard", "signal"):  # (a guard's save waited already)
-            self.store.flush(self.cfg.options.save_grace)  # the newest checkpoint reaches the store first
+        if self.store is not None and ending.kind not in (
+            EndKind.GUARD,
+            EndKind.SIGNAL,
+        ):  # (a guard's save waited already)
+            assert self.settings.checkpoints is not None  # (a store needs --checkpoints)
+            self.store.flush(self.settings.checkpoints.save_grace_s)  # the newest checkpoint reaches the store first
         detail = ending.detail
         if self.seen is not None:  # first: the END line is cut at its end, and `pod keep` reads this fragment
             detail = f"{self.fragment()}; {detail}" if detail else self.fragment()
-        _say(end_line(self.command, ending.kind, ending.code, self.attempts, detail))
-        self.ended = True
-        if ending.kind == "guard" and self.guards is not None and self.guards.tripped is not None:
+        self.end_of_run.say(ending.kind, ending.code, detail)
+        if ending.kind == EndKind.GUARD and self.guards is not None and self.guards.tripped is not None:
             from podguard.guards.end import end_after_trip
 
             return end_after_trip(self.guards.tripped)
-        return _after(self.cfg, ending.code, ending.record, self.guards)
+        return _after(self.settings.on_exit, ending.code, ending.record, self.guards)
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def fragment(self) -> str:
@@ -346,36 +341,30 @@ class Conductor:
         return f"{self.seen.fragment()}; {self.store.fragment()}"
 
     def _record_start(self, code: int, detail: str, root_cause: str) -> Path | None:
-        from podguard.launch import lifecycle
-
         if self.record is None:
             return None
-        return self.record(exit_code=code, kind=lifecycle.RunKind.START, detail=detail, root_cause=root_cause)
+        return self.record(exit_code=code, kind=restart_guard.RunKind.START, detail=detail, root_cause=root_cause)
 
 
-def _open_metrics(cfg: JobConfig) -> Metrics | None:
-    o = cfg.options
-    if o.metrics_port is None and o.metrics_file is None:
+def _open_metrics(settings: JobSettings) -> Metrics | None:
+    m = settings.metrics
+    if m is None:
         return None
-    from podguard.metrics import open_metrics
-
-    return open_metrics(port=o.metrics_port, path=o.metrics_file, mode=str(cfg.mode))
+    return open_metrics(port=m.port, path=m.path, mode=str(settings.launch.mode), every_s=m.every_s)
 
 
-def _handoff(cfg: JobConfig) -> Handoff | None:
-    if cfg.options.checkpoints is None:
+def _handoff(settings: JobSettings) -> Handoff | None:
+    if settings.checkpoints is None:
         return None
     from podguard.job.handoff import Handoff
 
-    return Handoff(cfg.options.checkpoints, _say)
+    return Handoff(settings.checkpoints.folder, console.line)
 
 
-def _open_guards(cfg: JobConfig) -> GuardWatch | None:
-    if not guarded(cfg):
+def _open_guards(settings: JobSettings) -> GuardWatch | None:
+    if settings.guards is None:
         return None
-    from podguard.guards import GuardSettings, open_guards
-
-    return open_guards(GuardSettings.from_options(cfg.options), lambda text: _say(f"podguard: {text}"))
+    return open_guards(settings.guards, lambda text: console.line(f"podguard: {text}"))
 
 
 def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
@@ -391,31 +380,20 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
     return check
 
 
-def _after(cfg: JobConfig, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
-    if cfg.options.on_exit is OnExit.IDLE:
+def _after(on_exit: OnExit, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
+    if on_exit is OnExit.IDLE:
         if guards is not None and guards.settings.after_job:  # --idle-stop / --max-cost keep watching
             from podguard.guards.end import idle_guarded
 
             if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
                 guards.watch_gpus(None)
             return idle_guarded(code, record, guards, out=sys.stderr)
-        from podguard.launch.lifecycle import idle
-
-        return idle(code, record, out=sys.stderr)
-    if cfg.options.on_exit is OnExit.STOP_POD:
+        return restart_guard.idle(code, record, out=sys.stderr)
+    if on_exit is OnExit.STOP_POD:
         from podguard.pods.selfheal import stop_own_pod
 
         return stop_own_pod(code)
     return code
-
-
-def _self_heal_config() -> SelfHealConfig | None:
-    """The in-pod self-heal settings, or None when none of its variables is set (nothing imported)."""
-    if not any(os.environ.get(v) for v in ("PODGUARD_SELF_HEAL", "PODGUARD_SELF_HEAL_AFTER", "PODGUARD_PARK")):
-        return None
-    from podguard.pods.selfheal import SelfHealConfig
-
-    return SelfHealConfig.from_env()
 
 
 def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path | None) -> int:
@@ -425,12 +403,3 @@ def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path 
     from podguard.pods.selfheal import after_preflight
 
     return after_preflight(code, heal, state=base, report=report)
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _say_all(lines: list[str]) -> None:
-    for line in lines:
-        _say(f"podguard: {line}")

@@ -1,7 +1,7 @@
 """`--restarts N`: whether a failed attempt is relaunched, after how long, and when a crash loop stops it.
 
     policy = RestartPolicy(restarts=3)
-    decision = policy.after(Failure(code=1, kind="crash", what="exit 1", progressed=False))
+    decision = policy.after(Failure(code=1, kind=FailureKind.CRASH, what="exit 1", progressed=False))
     decision.restart, decision.delay_s, decision.reason
 
 Rules (PRODUCT.md "Restarts"): up to N relaunches; a crash loop — 3 consecutive attempts that failed the same
@@ -16,21 +16,57 @@ Pure: no clock, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-__all__ = ["CRASH_LOOP", "FIRST_MINUTE_S", "MAX_DELAY_S", "Decision", "Failure", "RestartPolicy", "made_progress"]
+from podguard.outcome_lines import EndKind
+
+__all__ = [
+    "CRASH_LOOP",
+    "FIRST_MINUTE_S",
+    "MAX_DELAY_S",
+    "Decision",
+    "Failure",
+    "FailureKind",
+    "RestartPolicy",
+    "made_progress",
+]
 
 CRASH_LOOP = 3
 FIRST_MINUTE_S = 60.0
 MAX_DELAY_S = 60.0
 
 
+class FailureKind(StrEnum):
+    """How an attempt failed, in the words of the crash-loop rule; `end_kind` is the END line's word for it."""
+
+    CRASH = "crash"  # a worker exited non-zero
+    HANG = "hang"  # no progress for --hang-timeout (79)
+    GPU_FAULT = "gpu_fault"  # a fatal GPU fault (76)
+
+    @property
+    def end_kind(self) -> EndKind:
+        return _END_KINDS[self]
+
+    @property
+    def words(self) -> str:
+        """As the RESTART line says it: "gpu fault"."""
+        return self.value.replace("_", " ")
+
+
+_END_KINDS = {
+    FailureKind.CRASH: EndKind.FAILED,
+    FailureKind.HANG: EndKind.HUNG,
+    FailureKind.GPU_FAULT: EndKind.GPU_FAULT,
+}
+
+
 @dataclass(frozen=True)
 class Failure:
-    """How one attempt failed: `kind` is crash, hang or gpu_fault; `what` tells this failure from others of the
-    same kind (the exit code, the Xid and GPU, the hung ranks)."""
+    """How one attempt failed (`kind`); `what` tells this failure from others of the same kind (the exit code,
+    the Xid and GPU, the hung ranks)."""
 
     code: int
-    kind: str
+    kind: FailureKind
     what: str
     progressed: bool
 
@@ -40,7 +76,7 @@ class Failure:
 
     @property
     def text(self) -> str:
-        kind = self.kind.replace("_", " ")
+        kind = FailureKind(self.kind).words
         return f"{kind} ({self.what})" if self.what else kind
 
 

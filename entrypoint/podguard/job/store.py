@@ -2,7 +2,7 @@
 before each attempt, the mirror during the run, the store's newest checkpoint in RESTART and END, and the wait for
 an upload at the end.
 
-    sync = open_store_sync(options)          # None without a store; 64 for no bucket / refused credentials
+    sync = open_store_sync(settings.checkpoints, nnodes=2, node_rank=0)   # None without a store; 64: no bucket
     finding = sync.restore(finding, find)    # Handoff.before(): a newer whole checkpoint in the store comes first
     sync.fragment()                          # 'stored checkpoint-1200 (step 1200, written ...) in s3://b/run1'
     sync.flush(120.0)                        # the end of the run: the newest checkpoint's upload, within the grace
@@ -33,7 +33,7 @@ from podguard.store.restore import RestoreError, restore_checkpoint
 from podguard.store.url import StoreUrl
 
 if TYPE_CHECKING:
-    from podguard.launch.config import LaunchOptions
+    from podguard.job.options import CheckpointSettings
     from podguard.metrics.state import Rows
 
 __all__ = ["RESTORE_ATTEMPTS", "StoreSync", "UploadWait", "open_store_sync", "store_series"]
@@ -54,18 +54,24 @@ def store_series(stats: StoreStats) -> dict[str, Rows]:
 RESTORE_ATTEMPTS = 3  # the restore's S3 client: a store that does not answer must not hold the start for minutes
 
 
-def open_store_sync(options: LaunchOptions, publish: Callable[[StoreStats], None] | None = None) -> StoreSync | None:
+def open_store_sync(
+    checkpoints: CheckpointSettings | None,
+    publish: Callable[[StoreStats], None] | None = None,
+    *,
+    nnodes: int | None = None,
+    node_rank: int | None = None,
+) -> StoreSync | None:
     """The store of `--checkpoint-store`, checked (64 before the job starts), or None without one."""
-    url: StoreUrl | None = options.checkpoint_store
-    if url is None or options.checkpoints is None:
+    url: StoreUrl | None = checkpoints.store if checkpoints is not None else None
+    if url is None or checkpoints is None:
         return None
     role = None
-    if (options.nnodes or 1) > 1:  # multi-node: node 0 commits, the others report their files (store/nodes.py)
-        if options.node_rank is None:
+    if (nnodes or 1) > 1:  # multi-node: node 0 commits, the others report their files (store/nodes.py)
+        if node_rank is None:
             _say("podguard: warning: a multi-node run without NODE_RANK: each node stores its own checkpoints alone")
         else:
-            role = NodeRole(options.node_rank, options.nnodes or 1)
-    sync = StoreSync(url, options.checkpoints, options.store_keep, _say, publish, role=role)
+            role = NodeRole(node_rank, nnodes or 1)
+    sync = StoreSync(url, checkpoints.folder, checkpoints.store_keep, _say, publish, role=role)
     sync.check()
     return sync
 

@@ -1,8 +1,9 @@
-"""How to launch the job: the launch options as typed, and the checked plan built from them.
+"""How to launch the job: the launcher's options, and the checked plan built from them.
 
     cfg = configure(["python", "train.py"], LaunchOptions(mode=LaunchMode.PER_GPU), grace_s=7.0)
 
-Every check runs before anything is touched (no kill, no lease): a mistake costs nothing.
+Every check runs before anything is touched (no kill, no lease): a mistake costs nothing. job/configure.py calls
+`configure` among the job's other checks (the job's own options: job/options.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import UsageError
-from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
-from podguard.store.url import StoreUrl
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]
 
@@ -39,13 +38,11 @@ class OnExit(StrEnum):
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """The launch options as the user gave them (parsed, not yet checked against each other)."""
+    """The launcher's options as the user gave them (parsed, not yet checked against each other)."""
 
     mode: LaunchMode = LaunchMode.AUTO
     only_gpu: int | None = None
     prefix: str | None = None
-    on_exit: OnExit = OnExit.EXIT
-    rerun: bool = False
     prepare: str | None = None
     cache_key: tuple[str, ...] = ()
     prepare_shared: bool = False
@@ -57,26 +54,6 @@ class LaunchOptions:
     master_port: int | None = None
     max_restarts: int = 0
     rdzv_backend: str = "auto"  # torchrun: auto (static when NODE_RANK is known), static, c10d
-    # billing guards (guards/): seconds / US dollars, None = off
-    idle_stop: float | None = None
-    max_runtime: float | None = None
-    max_cost: float | None = None
-    # during the run (launch/watch/): seconds, a regular expression, relaunches
-    hang_timeout: float | None = None
-    progress: str | None = None
-    restarts: int = 0
-    cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S  # multi-node: how long the cluster gate waits for all nodes
-    cluster_port: int | None = None  # the cluster gate's store port (None: PRIMARY_PORT + 1)
-    # metrics (metrics/, docs/metrics.md): the Prometheus endpoint's port, the textfile; None = off
-    metrics_port: int | None = None
-    metrics_file: Path | None = None
-    # checkpoints (checkpoints/, docs/checkpoints.md): the job's folder, the save request before a guard stops it
-    checkpoints: Path | None = None
-    save_signal: int | None = None  # a signal number
-    save_grace: float = 120.0  # seconds
-    # the checkpoint store (store/, docs/checkpoints.md "Survive the host"): where whole checkpoints are mirrored
-    checkpoint_store: StoreUrl | None = None
-    store_keep: int = 2
 
 
 @dataclass(frozen=True)
@@ -113,8 +90,6 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
 
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
     prepare_argv, cache_key = _prepare(opts)
-    _check_checkpoints(opts)
-    _check_metrics(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
     _check_nodes(cfg)
     return cfg
@@ -155,31 +130,6 @@ def _prepare(opts: LaunchOptions) -> tuple[tuple[str, ...] | None, dict[str, str
     if cache_key and prepare_argv is None:
         raise UsageError("--cache-key only makes sense with --prepare CMD")
     return prepare_argv, cache_key
-
-
-def _check_checkpoints(opts: LaunchOptions) -> None:
-    if opts.checkpoints is not None and os.path.exists(opts.checkpoints) and not os.path.isdir(opts.checkpoints):
-        raise UsageError(f"--checkpoints={str(opts.checkpoints)!r} is not a folder; give the folder the job saves to")
-    if opts.save_signal is not None and opts.checkpoints is None:
-        raise UsageError(
-            "--save-signal needs --checkpoints DIR: podguard waits for the new checkpoint there before it ends the job"
-        )
-    if opts.checkpoint_store is not None and opts.checkpoints is None:
-        raise UsageError(
-            f"--checkpoint-store={opts.checkpoint_store} needs --checkpoints DIR: podguard mirrors the checkpoints "
-            "the job writes there"
-        )
-
-
-def _check_metrics(opts: LaunchOptions) -> None:
-    """The metrics are bound before the launch: on the rendezvous port (`run` hands the job MASTER_PORT) the job's
-    rendezvous would find it taken."""
-    rendezvous = {str(opts.master_port), os.environ.get("MASTER_PORT", "").strip()}
-    if opts.metrics_port is not None and str(opts.metrics_port) in rendezvous:
-        raise UsageError(
-            f"--metrics-port={opts.metrics_port} is also the rendezvous port (--master-port or MASTER_PORT); give "
-            "the metrics a port of their own, e.g. 9464"
-        )
 
 
 def _check_nodes(cfg: JobConfig) -> None:

@@ -11,11 +11,12 @@ taken port or an unwritable file is exit 64 before the preflight touches anythin
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podguard import console
+from podguard.errors import UsageError
 from podguard.metrics.state import GpuRow, MetricsState, Source
 from podguard.pods import thispod
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from podguard.metrics.textfile import FileWriter
     from podguard.metrics.watch import MetricsWatch
 
-__all__ = ["ENV_INTERVAL", "Metrics", "open_metrics"]
+__all__ = ["ENV_INTERVAL", "Metrics", "file_interval", "open_metrics"]
 
 ENV_INTERVAL = "PODGUARD_METRICS_INTERVAL"  # seconds between --metrics-file writes (default 15)
 
@@ -84,9 +85,10 @@ class Metrics:
             self.server.close()
 
 
-def open_metrics(*, port: int | None, path: Path | None, mode: str) -> Metrics | None:
+def open_metrics(*, port: int | None, path: Path | None, mode: str, every_s: float | None = None) -> Metrics | None:
     """The endpoint and the file, or None when neither is asked for. UsageError (64) when the port is taken or
-    cannot be bound, or the file cannot be written: before anything runs."""
+    cannot be bound, or the file cannot be written: before anything runs. `every_s`: the file's interval as
+    `file_interval()` checked it (job/configure.py), else read here."""
     if port is None and path is None:
         return None
     from podguard import __version__
@@ -94,7 +96,8 @@ def open_metrics(*, port: int | None, path: Path | None, mode: str) -> Metrics |
     from podguard.metrics.server import MetricsServer
     from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
 
-    every_s = _interval(os.environ.get(ENV_INTERVAL), FILE_INTERVAL_S)
+    every_s = every_s if every_s is not None else file_interval()
+    every_s = FILE_INTERVAL_S if every_s is None else every_s
     state = MetricsState(version=__version__, mode=str(mode), pod_id=thispod.pod_id())
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
@@ -113,11 +116,12 @@ def open_metrics(*, port: int | None, path: Path | None, mode: str) -> Metrics |
     return Metrics(state, server, writer)
 
 
-def _interval(raw: str | None, default: float) -> float:
-    from podguard.errors import UsageError
-
+def file_interval(env: Mapping[str, str] | None = None) -> float | None:
+    """PODGUARD_METRICS_INTERVAL: seconds between --metrics-file writes; None when unset (the file's default
+    applies). UsageError (64) when not valid: job/configure.py asks before anything runs."""
+    raw = (os.environ if env is None else env).get(ENV_INTERVAL)
     if raw is None or not raw.strip():
-        return default
+        return None
     try:
         value = float(raw)
     except ValueError:

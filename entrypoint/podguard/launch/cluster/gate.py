@@ -1,4 +1,4 @@
-"""Run this node's part of the cluster gate, answering signals at once: the one entry point cli/job.py calls.
+"""Run this node's part of the cluster gate, answering signals at once: the one entry point job/multinode.py calls.
 
     outcome = run_cluster_gate(settings, verdict, out=sys.stderr, notes=[...])
     outcome.code   # 0: launch; 76 a node failed; 75 a node did not report; the node's own code; 128+N

@@ -27,6 +27,7 @@ from enum import StrEnum
 
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
+from podguard.outcome_lines import EndKind
 from podguard.pods.keeper.lines import Cue, CueKind
 from podguard.pods.model import PodStatus
 
@@ -114,19 +115,19 @@ class JobView:
             return f"billing guard {cue.word} fired in the pod"
         return self._end(rank, node, cue.word, cue.code or 0, cue.line)  # an END line (lines.py gives it a code)
 
-    def _end(self, rank: int, node: NodeView, kind: str, code: int, line: str) -> str | None:
+    def _end(self, rank: int, node: NodeView, kind: EndKind | str, code: int, line: str) -> str | None:
         self.ended.add(rank)
         if self.outcome is not None:
             return None  # the first outcome stands
-        if kind == "signal":
+        if kind == EndKind.SIGNAL:
             return f"the job was ended from outside (exit {code}): not an outcome"
-        if kind == "guard":
+        if kind == EndKind.GUARD:
             self._set(Outcome.GUARD, ExitCode.BILLING_GUARD, line)
             return "END guard: a billing guard ended the job"
-        if kind == "gpu-fault":
+        if kind == EndKind.GPU_FAULT:
             node.gpu_fault = True
             return f"a GPU fault ended the job (exit {code}): the machine, not the job"
-        if kind == "preflight":
+        if kind == EndKind.PREFLIGHT:
             if code == ExitCode.GPUS_MISSING:  # RunPod started it with fewer GPUs than the spec: the host's problem
                 node.short = True
                 return f"the preflight found fewer GPUs than the job needs (exit {code}): the host, not the job"
@@ -134,7 +135,7 @@ class JobView:
                 self._set(Outcome.FAILED, code, line)
                 return f"the pod refuses its own configuration (exit {code})"
             return None  # a sick machine: its verdict line counted already
-        if kind == "success":
+        if kind == EndKind.SUCCESS:
             if rank != self.primary:
                 return None  # a cluster's job ends on node 0
             self._set(Outcome.SUCCESS, ExitCode.OK, line)

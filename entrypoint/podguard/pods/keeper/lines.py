@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from podguard.outcome_lines import END_LINE, KINDS
+from podguard.outcome_lines import END_LINE, KINDS, EndKind
 
 __all__ = ["Cue", "CueKind", "read_line"]
 
@@ -31,7 +31,7 @@ _GUARD = re.compile(r"^podguard: billing guard (?P<guard>--idle-stop|--max-runti
 
 class CueKind(StrEnum):
     VERDICT = "verdict"  # word: PASS | BUSY | UNHEALTHY | FAIL
-    END = "end"  # word: one of outcome_lines.KINDS; code: the exit code
+    END = "end"  # word: an outcome_lines.EndKind; code: the exit code
     RESTART = "restart"  # word: "<n> of <N>"
     GUARD = "guard"  # word: the guard's option
 
@@ -51,7 +51,7 @@ def read_line(line: str) -> Cue | None:
         return None
     m = END_LINE.match(text)
     if m is not None and m.group("kind") in KINDS:
-        return Cue(CueKind.END, m.group("kind"), int(m.group("code")), text)
+        return Cue(CueKind.END, EndKind(m.group("kind")), int(m.group("code")), text)
     m = _VERDICT.match(text)
     if m is not None:
         return Cue(CueKind.VERDICT, m.group("word"), None, text)

@@ -4,7 +4,7 @@
     decision = plan_launch(key, rerun=False, state=base)                # RUN, SKIP, or BACKOFF (wait, then run)
     record_run(key=key, argv=argv, mode="per-gpu", exit_code=0, started_at=t0, state=base)  # best-effort
 
-The records themselves: `launch/outcomes.py` (re-exported here). When and why a start is skipped or
+The records themselves: `job/outcomes.py` (re-exported here). When and why a start is skipped or
 delayed: docs/lifecycle.md.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from podguard.errors import ExitCode
-from podguard.launch.outcomes import (
+from podguard.job.outcomes import (
     QUICK_CRASH_S,
     RunKind,
     RunRecord,

@@ -1,7 +1,7 @@
 """Where the preflight meets the cluster gate (multi-node runs): the gate's settings, this node's verdict,
 and the workers' socket interface. preflight/ and launch/ never import each other; this glue does.
 
-    settings = cluster_gate_settings(cfg)            # None on one node; 64 for bad values, before any preflight
+    settings = cluster_gate_settings(cfg, port=None, timeout_s=600.0)   # None on one node; 64 for bad values
     outcome = pass_cluster_gate(settings, pre, notes) # after the preflight: every node's verdict, then the decision
 """
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.launch.config import JobConfig
 
@@ -22,23 +23,17 @@ if TYPE_CHECKING:
     from podguard.launch.cluster.model import GateOutcome, GateSettings
     from podguard.preflight.pipeline import PreflightResult
 
-__all__ = ["GATE_RECORD", "cluster_gate_settings", "cluster_share_settings", "pass_cluster_gate", "worker_socket_env"]
+__all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
 
 GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome, with wall-clock times
 
 
-def cluster_share_settings(cfg: JobConfig) -> GateSettings | None:
-    """Where the nodes share their progress during the run (launch/cluster/share.py): node 0's store on the
-    gate's port; None on one node or without NODE_RANK (each node then judges a hang on its own)."""
-    try:
-        return cluster_gate_settings(cfg, quiet=True)
-    except UsageError:  # (refused before the run already)
-        return None
-
-
-def cluster_gate_settings(cfg: JobConfig, *, quiet: bool = False) -> GateSettings | None:
-    """The gate's settings on a multi-node run (None on one node, or without NODE_RANK: then said once).
-    Bad values and a Python without torch are refused here (64), before anything is leased or stopped."""
+def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float) -> GateSettings | None:
+    """The gate's settings on a multi-node run (`port`: PODGUARD_CLUSTER_PORT, None: PRIMARY_PORT + 1; `timeout_s`:
+    how long it waits for every node) (None on one node, or without NODE_RANK: then said once).
+    Bad values and a Python without torch are refused here (64), before anything is leased or stopped. During
+    the run the nodes also share their progress on the gate's store (launch/cluster/share.py); without NODE_RANK
+    each node judges a hang on its own."""
     if not cfg.multi_node:
         return None
     import importlib.util
@@ -52,8 +47,7 @@ def cluster_gate_settings(cfg: JobConfig, *, quiet: bool = False) -> GateSetting
         master_port=opts.master_port,
     )  # fmt: skip
     if rdzv.node_rank is None:
-        if not quiet:
-            _say("podguard: warning: no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
+        console.warn("no NODE_RANK, so no cluster gate: the nodes cannot tell which one hosts it")
         return None
     assert rdzv.addr is not None and rdzv.port is not None
     settings = gate_settings(
@@ -61,8 +55,8 @@ def cluster_gate_settings(cfg: JobConfig, *, quiet: bool = False) -> GateSetting
         node_rank=rdzv.node_rank,
         addr=rdzv.addr,
         rdzv_port=rdzv.port,
-        cluster_port=opts.cluster_port,
-        timeout_s=opts.cluster_timeout_s,
+        cluster_port=port,
+        timeout_s=timeout_s,
     )
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
@@ -108,7 +102,3 @@ def worker_socket_env() -> tuple[dict[str, str], list[str]]:
 
     env, note = socket_ifname_env(os.environ)
     return env, [note] if note else []
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

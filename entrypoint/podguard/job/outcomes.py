@@ -5,7 +5,7 @@
     load_history(key, base)[-1].exit_code  # 0
 
 Writing is best-effort (a full volume costs the record, with one warning, never the exit code); command
-lines and details are redacted; files are owner-only. The policy that reads them: `launch/lifecycle.py`.
+lines and details are redacted; files are owner-only. The policy that reads them: `job/restart_guard.py`.
 """
 
 from __future__ import annotations
