@@ -43,3 +43,30 @@ def test_every_option_has_a_default_in_its_record_and_a_podguard_variable(group)
         assert name in fields, f"{name} has no field in {group.record.__name__}"
         envvars = param.envvar or (f"PODGUARD_{name.upper()}",)
         assert any(v.startswith("PODGUARD_") for v in envvars), name
+
+
+def _tracked_files() -> list[Path]:
+    """Every file git tracks (a clone's view), plus new files not yet committed that git does not ignore."""
+    proc = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    return [ROOT / name for name in proc.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def test_nothing_in_the_repo_cites_a_contract_outside_it() -> None:
+    """The contract the code relies on lives in docs/ (reference.md, formats.md): a newcomer with a clone must be
+    able to open every page the code cites. CHANGELOG.md records history and is not read as the contract."""
+    outside = "PRODUCT" + ".md"
+    offenders = []
+    for path in _tracked_files():
+        if path.name == "CHANGELOG.md":
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        offenders += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside in line]
+    assert offenders == [], f"cite docs/ instead of {outside}: {offenders}"

@@ -1,7 +1,7 @@
 """Exit codes, the one exception type that carries them to the command line, and signal conventions.
 
 Every user-facing failure is a `PodguardError` with a one-line message and a documented exit code
-(see PRODUCT.md); the CLI prints the message and exits with the code, never a traceback.
+(docs/reference.md, "Exit codes"); the CLI prints the message and exits with the code, never a traceback.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The job's last word and its restarts, as lines a keeper outside the pod reads (PRODUCT.md, "Lines podguard
-prints for `pod keep`"). Both sides of that contract import this module: job/conductor.py writes the lines,
+"""The job's last word and its restarts, as lines a keeper outside the pod reads (docs/formats.md, "END and
+RESTART lines"). Both sides of that contract import this module: job/conductor.py writes the lines,
 pods/keeper/lines.py reads them. It sits low in the package and imports nothing of podguard.
 
     podguard train: RESTART 1 of 3 in 1 s after crash (exit 1), exit 1

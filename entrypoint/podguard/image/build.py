@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TORCH_BASE_BUDGET_BYTES", "BuildPlan", "BuildResult", "plan_build", "run_build", "split_reference"]
 
-TORCH_BASE_BUDGET_BYTES = 30_000_000  # what `--torch base` may add over the base (PRODUCT.md: 30 MB)
+TORCH_BASE_BUDGET_BYTES = 30_000_000  # what `--torch base` may add over the base (docs/image.md: 30 MB)
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 

@@ -1,4 +1,4 @@
-"""Pod spec files (`runpod/pod.toml`, PRODUCT.md): parsed and fully checked before any request is sent.
+"""Pod spec files (`runpod/pod.toml`, docs/running-pods.md): parsed and fully checked before any request is sent.
 
     spec = load_spec(Path("runpod/pod.toml"))     # UsageError (exit 64) naming the key and what is valid
     for request in spec.candidates(): ...          # GPU types in order, within each data centre in order

@@ -1,4 +1,4 @@
-"""The run-time watches: what podguard learns about a job while it runs (PRODUCT.md "During the run").
+"""The run-time watches: what podguard learns about a job while it runs (docs/watch.md).
 
 One module per concern, each usable on its own and driven from the supervisor's single loop (no thread per
 worker): progress and hangs (`progress.py`, heartbeats from `podguard.rank.heartbeat`), GPU faults

@@ -26,7 +26,7 @@ from podguard.launch.watch.progress import Hang
 
 __all__ = ["HANG_END_S", "LOOP_WRITE_S", "HangEvidence", "evidence_deadline_s", "hang_grace_s", "write_json"]
 
-HANG_END_S = 60.0  # a hung job is ended within --hang-timeout + this (PRODUCT.md); PODGUARD_HANG_END_S: tests
+HANG_END_S = 60.0  # a hung job is ended within --hang-timeout + this (docs/watch.md); PODGUARD_HANG_END_S: tests
 LOOP_WRITE_S = 0.5  # a record written from the supervisor's loop: waited for at most this long
 END_MARGIN_S = 8.0  # after the grace: leftovers (2 s), the pipes (0.5 s), the output (3 s), the watch's close
 

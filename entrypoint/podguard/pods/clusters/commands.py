@@ -3,7 +3,7 @@
     up(client, spec, timeout_s=..., wait=True, as_json=True, tuning=..., progress=...)
     show(client, cluster, as_json=True)
 
-Output follows PRODUCT.md: `--json` is the pod keys (gpu per node, cost_per_hr the sum, ssh the primary's)
+Output follows docs/formats.md: `--json` is the pod keys (gpu per node, cost_per_hr the sum, ssh the primary's)
 plus `"nodes"` and `"members"` (pod objects with `"rank"`); failures exit with the pod commands' codes.
 """
 
