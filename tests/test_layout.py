@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,55 @@ def test_nothing_in_the_repo_cites_a_contract_outside_it() -> None:
             continue
         offenders += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside in line]
     assert offenders == [], f"cite docs/ instead of {outside}: {offenders}"
+
+
+# --- the map (docs/architecture.md) against the package ---------------------------------------------------------
+
+PACKAGE = ROOT / "entrypoint" / "podguard"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+FLOOR = "top level"  # the rooms' order's last line: the top-level modules
+
+
+def _section(title: str) -> list[str]:
+    """The lines of docs/architecture.md's `## <title>` section."""
+    lines = ARCHITECTURE.read_text().splitlines()
+    assert f"## {title}" in lines, f"docs/architecture.md has no '## {title}' section"
+    start = lines.index(f"## {title}") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start:end]
+
+
+def _rows() -> dict[str, str]:
+    """First cell's folder -> the row's second cell, for each row of the rooms' table."""
+    rows = {}
+    for line in _section("The rooms"):
+        if not line.startswith("| `"):
+            continue
+        first, second = line.split(" | ", 2)[:2]
+        (folder,) = re.findall(r"`([^`]+)`", first)
+        rows[folder.removeprefix("entrypoint/podguard/")] = second
+    return rows
+
+
+def _package_folders() -> set[str]:
+    return {
+        str(p.parent.relative_to(PACKAGE)) + "/"
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE and "__pycache__" not in p.parts
+    }
+
+
+def _top_level_modules() -> set[str]:
+    return {p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")}
+
+
+def test_every_package_folder_has_a_row_in_the_architecture_and_every_row_exists() -> None:
+    rows = {folder for folder in _rows() if folder != "*.py"}
+    assert sorted(_package_folders() - rows) == [], "add a row to docs/architecture.md, 'The rooms'"
+    assert sorted(rows - _package_folders()) == [], "a row of docs/architecture.md names no package folder"
+
+
+def test_the_architecture_lists_exactly_the_top_level_modules() -> None:
+    listed = set(re.findall(r"`([a-z_]+)`", _rows()["*.py"]))
+    assert sorted(_top_level_modules() - listed) == [], "name the module in docs/architecture.md's top-level row"
+    assert sorted(listed - _top_level_modules()) == [], "docs/architecture.md's top-level row names a module not there"
