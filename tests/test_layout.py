@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -123,3 +124,114 @@ def test_the_architecture_lists_exactly_the_top_level_modules() -> None:
     listed = set(re.findall(r"`([a-z_]+)`", _rows()["*.py"]))
     assert sorted(_top_level_modules() - listed) == [], "name the module in docs/architecture.md's top-level row"
     assert sorted(listed - _top_level_modules()) == [], "docs/architecture.md's top-level row names a module not there"
+
+
+# --- the rooms' order is never climbed ----------------------------------------------------------------------------
+
+# Climbs that exist today, each with the fix in flight (issue 32): the lead removes an entry when its fix merges,
+# and a listed climb that no longer exists fails the test below so that the list never outlives the climb.
+KNOWN_CLIMBS = {
+    # metrics <-> pods: fix in flight by "thispod" (issue 32 item 4, the one "this pod" module)
+    ("pods/render.py", "podguard.metrics.proxy"),
+    # rank -> launch: fix in flight by "thispod" (issue 32 item 4: rank/wrap.py stops importing launch/lines.py)
+    ("rank/wrap.py", "podguard.launch.lines"),
+    # guards -> job, type-only (under TYPE_CHECKING): found while drawing the order, no fix in flight yet; guards/
+    # can declare the small Protocol it needs of the upload wait (guards/ is "thispod"'s, job/store.py "job"'s)
+    ("guards/save.py", "podguard.job.store"),
+}
+
+
+def _order() -> dict[str, int]:
+    """Room -> its line in docs/architecture.md's drawing (0 the top)."""
+    lines = _section("The rooms' order")
+    start = lines.index("```text") + 1
+    block = lines[start : lines.index("```", start)]
+    return {room.strip(): depth for depth, line in enumerate(block) for room in line.split("|") if room.strip()}
+
+
+def _room(module: str) -> str:
+    """`podguard.launch.watch.runtime` -> "launch"; a top-level module (or the package itself) -> FLOOR."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else FLOOR
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every podguard module `path` imports, at module level and inside functions, as absolute names."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    package = list(rel.parts[:-1])  # a module's package; an __init__'s is its own folder
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return [(line, name) for line, name in found if name == "podguard" or name.startswith("podguard.")]
+
+
+def _climbs() -> tuple[list[str], set[tuple[str, str]]]:
+    order = _order()
+    unknown, climbs = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel == "__main__.py":  # `python -m podguard`: the one way in, above every room
+            continue
+        here = _room("podguard." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        if here not in order:
+            unknown.append(here)
+            continue
+        for _, name in _imports(path):
+            there = _room(name)
+            if there == here:
+                continue
+            if there not in order:
+                unknown.append(there)
+            elif order[there] <= order[here]:
+                climbs.add((rel, name))
+    return sorted(set(unknown)), climbs
+
+
+def test_every_room_is_in_the_drawn_order() -> None:
+    unknown, _ = _climbs()
+    assert unknown == [], "draw these rooms in docs/architecture.md, 'The rooms' order'"
+    assert set(_order()) == {f.split("/")[0] for f in _package_folders()} | {FLOOR}
+
+
+def test_no_import_climbs_the_rooms_order() -> None:
+    """A room imports only rooms drawn below it, at module level and inside functions alike; rooms drawn on one
+    line never import each other."""
+    _, climbs = _climbs()
+    order = _order()
+    new = [
+        f"{rel} imports {name}: {_room(name)!r} is not drawn below {rel.split('/')[0]!r}"
+        for rel, name in sorted(climbs - KNOWN_CLIMBS)
+    ]
+    assert new == [], f"the rooms' order is {order}"
+    assert sorted(KNOWN_CLIMBS - climbs) == [], "these climbs are gone: remove them from KNOWN_CLIMBS"
+
+
+def test_preflight_and_launch_never_import_each_other() -> None:
+    """They meet in job/: the preflight decides which GPUs, the launch runs the processes on them."""
+    for here, there in (("preflight", "launch"), ("launch", "preflight")):
+        offenders = [
+            f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+            for path in sorted((PACKAGE / here).rglob("*.py"))
+            for line, name in _imports(path)
+            if _room(name) == there
+        ]
+        assert offenders == []
+
+
+def test_the_top_level_modules_import_no_room() -> None:
+    offenders = [
+        f"{path.name}:{line} imports {name}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.name != "__main__.py"
+        for line, name in _imports(path)
+        if _room(name) != FLOOR
+    ]
+    assert offenders == []
