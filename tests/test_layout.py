@@ -235,3 +235,8 @@ def test_the_top_level_modules_import_no_room() -> None:
         if _room(name) != FLOOR
     ]
     assert offenders == []
+
+
+def test_the_top_level_keeps_only_what_every_room_shares() -> None:
+    """At most 10 modules beside `__init__` and `__main__`: a module that one room owns lives in that room."""
+    assert len(_top_level_modules()) <= 10, sorted(_top_level_modules())

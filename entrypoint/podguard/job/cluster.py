@@ -79,7 +79,7 @@ def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[
 
     from podguard.launch.cluster.gate import run_cluster_gate
     from podguard.launch.cluster.model import NodeVerdict
-    from podguard.report import verdict_word
+    from podguard.preflight.report import verdict_word
 
     verdict = NodeVerdict(
         rank=settings.node_rank,

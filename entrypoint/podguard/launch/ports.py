@@ -23,7 +23,7 @@ from pathlib import Path
 
 from podguard.errors import ExitCode, PodguardError, UsageError
 
-# socket, podguard.locks and podguard.redact are imported where they are used: `parse_port` is on every
+# socket, podguard.state (its locks) and podguard.redact are imported where they are used: `parse_port` is on every
 # launch path, leasing only on some (and `secrets`, which the locks need, costs more than all of this).
 
 __all__ = [
@@ -134,7 +134,7 @@ class PortLease:
 
 def _port_dir(lease_dir: Path | None) -> Path:
     """`<lease dir>/ports-<host>`: ports belong to a host's network namespace, not to a shared volume."""
-    from podguard import locks
+    from podguard import state as locks
 
     if lease_dir is None:
         from podguard.state import state_dir, subdir
@@ -153,7 +153,7 @@ def _host_dir(lease_dir: Path | None) -> Path | None:
     chose the folder, or the temp dir cannot hold it."""
     if lease_dir is not None:
         return None
-    from podguard import locks
+    from podguard import state as locks
 
     try:
         path = locks.local_lock_dir("ports") / f"ports-{locks.host_id()}"
@@ -184,7 +184,7 @@ def _try_lock(path: Path, command: str) -> int | None:
     """Lock `path` without waiting and record ourselves in it; the fd, or None when another run holds it."""
     import socket
 
-    from podguard import locks
+    from podguard import state as locks
 
     try:
         fd = locks.open_lock(path)
@@ -266,7 +266,7 @@ def allocate_master_port(
     for name, value in (("MASTER_PORT", preferred), ("port search start", start)):
         if value is not None and not 1 <= value <= 65535:
             raise UsageError(f"{name}={value} is out of range; expected a TCP port in 1..65535")
-    from podguard import locks
+    from podguard import state as locks
 
     pdir, hdir = _port_dir(lease_dir), _host_dir(lease_dir)
     cmd = command or locks.holder_command()

@@ -25,9 +25,9 @@ from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
 from podguard.preflight.gate.stage import confirmed_degraded
 from podguard.preflight.options import PreflightOptions
+from podguard.preflight.report import na
 from podguard.records import to_data
 from podguard.redact import redact_env
-from podguard.report import na
 from podguard.state import state_dir
 from podguard.units import GIB, MIB
 

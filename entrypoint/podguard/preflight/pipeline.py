@@ -24,13 +24,13 @@ from podguard.gpu.selected import Selection
 from podguard.preflight.advice import recommendations
 from podguard.preflight.gate.rules import GateResult, Verdict
 from podguard.preflight.options import PreflightOptions, validate_options
+from podguard.preflight.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.preflight.selection import mig_scope, select_for, select_gpus
 from podguard.records import to_data
-from podguard.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.state import state_dir
 
 if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
-    from podguard.preflight.cleanup.records import CleanupResult, GpuIdleState
+    from podguard.preflight.cleanup.vocabulary import CleanupResult, GpuIdleState
     from podguard.preflight.leases import GpuLease
 
 __all__ = ["COMMANDS_WITH_CLEANUP", "PreflightResult", "run_preflight", "select_for"]

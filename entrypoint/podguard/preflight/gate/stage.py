@@ -37,7 +37,7 @@ from podguard.preflight.options import PreflightOptions, ProbeMode
 from podguard.units import MIB
 
 if TYPE_CHECKING:
-    from podguard.preflight.cleanup.records import GpuIdleState
+    from podguard.preflight.cleanup.vocabulary import GpuIdleState
 
 __all__ = ["confirmed_degraded", "follow_cleanup", "follow_faults", "gate_free_now", "gate_hardware", "snapshots"]
 
