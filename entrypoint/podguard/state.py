@@ -124,7 +124,7 @@ def host_id() -> str:
 
 def unique_suffix() -> str:
     """`<host>-<pid>-<random>`: unique across pods on one volume, where small container PIDs repeat."""
-    import secrets  # lazy: ~5 ms of imports (hmac, random) that the health and run paths skip
+    import secrets  # noqa: PLC0415  lazy: ~5 ms of imports (hmac, random) that the health path skips
 
     return f"{host_id()}-{os.getpid()}-{secrets.token_hex(4)}"
 

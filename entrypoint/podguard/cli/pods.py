@@ -252,10 +252,10 @@ def wait(
 def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
     from podguard.pods.actions import act_on
     from podguard.pods.clusters import commands
-    from podguard.pods.clusters.model import Member
+    from podguard.pods.clusters.cluster import Member
     from podguard.pods.clusters.target import find_target
     from podguard.pods.keeper.deploy import say_unkept
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
 
     wanted = PodAction(action)
     client = api_client(api, retry_for)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from podguard.pods.model import Pod
+    from podguard.pods.pod import Pod
 
 __all__ = ["Budget", "Meter", "budget_from", "read_budget"]
 

@@ -27,7 +27,7 @@ from podguard.guards.watch import GuardWatch, Phase, Trip
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
-    from podguard.pods.model import Pod
+    from podguard.pods.pod import Pod
 
 __all__ = ["end_after_trip", "end_billing", "idle_guarded"]
 
@@ -102,7 +102,7 @@ def end_billing(pod_id: str, why: str, *, out: TextIO) -> tuple[str | None, int 
 
 def _stop_pod(api: PodApi, pod: Pod, why: str, out: TextIO) -> None:
     from podguard.pods.actions import act_on
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
 
     act_on(api, pod, PodAction.STOP)  # already stopped is success
     _say(out, f"{why}: stopping pod {pod.id} (billing ends)")

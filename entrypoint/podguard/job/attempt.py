@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from podguard.guards import GuardWatch
     from podguard.guards.save import SaveBeforeStop
     from podguard.job.handoff import AttemptCheckpoints, Handoff
-    from podguard.launch.cluster.model import GateSettings
+    from podguard.launch.multinode.verdicts import GateSettings
     from podguard.launch.supervisor import Watch
     from podguard.metrics import Metrics
 

@@ -19,7 +19,7 @@ from podguard.errors import UsageError
 from podguard.launch.config import JobConfig
 
 if TYPE_CHECKING:
-    from podguard.launch.cluster.model import GateOutcome, GateSettings
+    from podguard.launch.multinode.verdicts import GateOutcome, GateSettings
     from podguard.preflight.pipeline import PreflightResult
 
 __all__ = ["GATE_RECORD", "cluster_gate_settings", "cluster_share_settings", "pass_cluster_gate", "worker_socket_env"]
@@ -28,7 +28,7 @@ GATE_RECORD = "cluster-gate.json"  # in <state>/reports: the last gate's outcome
 
 
 def cluster_share_settings(cfg: JobConfig) -> GateSettings | None:
-    """Where the nodes share their progress during the run (launch/cluster/share.py): node 0's store on the
+    """Where the nodes share their progress during the run (launch/multinode/share.py): node 0's store on the
     gate's port; None on one node or without NODE_RANK (each node then judges a hang on its own)."""
     try:
         return cluster_gate_settings(cfg, quiet=True)
@@ -43,7 +43,7 @@ def cluster_gate_settings(cfg: JobConfig, *, quiet: bool = False) -> GateSetting
         return None
     import importlib.util
 
-    from podguard.launch.cluster.model import gate_settings
+    from podguard.launch.multinode.verdicts import gate_settings
     from podguard.launch.torchrun.rendezvous import resolve_rendezvous
 
     opts = cfg.options
@@ -77,8 +77,8 @@ def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[
     the outcome is also written to `<state>/reports/cluster-gate.json` (best effort)."""
     import socket
 
-    from podguard.launch.cluster.gate import run_cluster_gate
-    from podguard.launch.cluster.model import NodeVerdict
+    from podguard.launch.multinode.gate import run_cluster_gate
+    from podguard.launch.multinode.verdicts import NodeVerdict
     from podguard.preflight.report import verdict_word
 
     verdict = NodeVerdict(
@@ -104,7 +104,7 @@ def worker_socket_env() -> tuple[dict[str, str], list[str]]:
     """NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR (nothing imported when NODE_ADDR is unset) and the summary line."""
     if not os.environ.get("NODE_ADDR"):
         return {}, []
-    from podguard.launch.cluster.netif import socket_ifname_env
+    from podguard.launch.multinode.netif import socket_ifname_env
 
     env, note = socket_ifname_env(os.environ)
     return env, [note] if note else []

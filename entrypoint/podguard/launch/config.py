@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import UsageError
-from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
+from podguard.launch.multinode.verdicts import DEFAULT_CLUSTER_TIMEOUT_S
 from podguard.store.url import StoreUrl
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]

@@ -234,7 +234,7 @@ def stop_and_wait(pod_id: str, why: str, by: str, *, out: TextIO) -> tuple[bool,
     from podguard.pause import next_signal, signals_held
     from podguard.pods.actions import act_on
     from podguard.pods.api import open_api
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
     from podguard.pods.tuning import Tuning
 
     wait_s = Tuning.from_env().restart_wait_s
@@ -283,7 +283,7 @@ def restart_pod(healer: Healer, code: int) -> int:
     state.steps.append("restart")
     state.failures = 0
     healer.note("restart", "requested")
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
 
     try:
         _api().act(cfg.pod_id, PodAction.RESTART)
@@ -297,10 +297,10 @@ def restart_pod(healer: Healer, code: int) -> int:
 def replace_pod(healer: Healer, code: int) -> int:
     """Create an identical pod, wait until it is RUNNING, then terminate this one."""
     from podguard.pods.heal import replacement_request
-    from podguard.pods.model import PodAction, PodStatus
     from podguard.pods.placement import create_first_fit
-    from podguard.pods.progress import Progress
+    from podguard.pods.pod import PodAction, PodStatus
     from podguard.pods.readiness import wait_status
+    from podguard.pods.status_lines import Progress
     from podguard.pods.tuning import Tuning
 
     cfg, state = healer.cfg, healer.state
@@ -355,7 +355,7 @@ def park(healer: Healer, code: int, report: Path | None) -> int:
     )
     if cfg.park is ParkMode.STOP:
         from podguard.pods.actions import act_on
-        from podguard.pods.model import PodAction
+        from podguard.pods.pod import PodAction
 
         try:
             api = _api()

@@ -20,6 +20,7 @@ from typing import Any
 from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
+from podguard.preflight.cleanup.describe import describe_holders
 from podguard.preflight.doctor_table import gpu_table
 from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
@@ -117,8 +118,6 @@ def _comm(pid: int) -> str | None:
 
 def _holders(backend: Any, snaps: list[GpuSnapshot], dev_dir: Path) -> dict[str, Any]:
     """Who holds each GPU, with the same evidence rules the cleanup uses (read-only here)."""
-    from podguard.preflight.cleanup.describe import describe_holders
-
     try:
         return describe_holders(
             backend, [s.index for s in snaps], dev_dir=dev_dir, snapshots={s.index: s for s in snaps}

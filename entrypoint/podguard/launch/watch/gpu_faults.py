@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podguard.gpu.backend import GpuBackend, GpuHealth, NvmlUnavailable, XidEvent, XidSubscription
+from podguard.gpu.nvml import NvmlBackend
 from podguard.gpu.nvml_support import error_code, error_name
 from podguard.gpu.xids import APPLICATION_XIDS as _APPLICATION
 from podguard.gpu.xids import RUN_FATAL_XIDS, XID_MEANINGS, xid_meaning
@@ -293,8 +294,6 @@ def open_gpu_fault_watch(
     if not gpus:
         return None
     try:
-        from podguard.gpu.nvml import NvmlBackend
-
         backend = NvmlBackend(library_path=library_path)
     except NvmlUnavailable as exc:
         log.debug("GPU fault watch off: %s", exc.message)

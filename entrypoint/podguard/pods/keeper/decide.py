@@ -28,7 +28,7 @@ from enum import StrEnum
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
 from podguard.pods.keeper.lines import Cue, CueKind
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 __all__ = [
     "CRASH_RESTARTS",
