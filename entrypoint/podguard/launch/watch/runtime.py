@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podguard.errors import ExitCode
-from podguard.launch.multinode.share import share_or_none
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, read_placed_slots, remove_board
 from podguard.launch.watch.evidence import (
@@ -154,6 +153,8 @@ class RuntimeWatch:
         sup.printer.watch_activity(self._activity)
         self._open_gpu_watch()
         if self.settings.cluster is not None and self._share is None:  # a hang is the job's verdict, not a node's
+            from podguard.launch.multinode.share import share_or_none  # noqa: PLC0415  lazy: multi-node runs only
+
             self._share = share_or_none(self.settings.cluster, lambda: self.progress.events, say=self._say_later)
         if self._gpu_watch is not None and self._poller is None:  # NVML off the loop: its own thread
             self._poller = GpuPoller(
