@@ -26,9 +26,9 @@ from loopback import free_port_pair
 
 NODE = """
 import io, json, sys, time
-from podguard.launch.cluster.gate import run_cluster_gate
-from podguard.launch.cluster.model import NodeVerdict, gate_settings
-from podguard.launch.cluster.protocol import load_store_class
+from podguard.launch.multinode.gate import run_cluster_gate
+from podguard.launch.multinode.verdicts import NodeVerdict, gate_settings
+from podguard.launch.multinode.protocol import load_store_class
 
 rank, nnodes, port, delay, fail = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 load_store_class()  # torch imported before the clock matters

@@ -2,7 +2,7 @@
 
 Layers: the bytes each image adds over its base (`docker history` of the image minus its base's; the base is
 the image's `org.opencontainers.image.base.name` label), for the default build (podguard's own Python
-environment and torch) and for `--torch base` (the base's Python and torch; PRODUCT.md's budget: 30 MB).
+environment and torch) and for `--torch base` (the base's Python and torch; docs/image.md's budget: 30 MB).
 
 Start-up, for each image: cases interleaved (each round runs every case once), all as `docker run --rm`:
   bare           the image running `python3 -c print(...)` directly: container start + Python, no podguard

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from podguard.preflight.cleanup.devices import find_device_files
-from podguard.preflight.cleanup.procfs import ProcessTable, ProcInfo, read_stat, scan_processes
+from podguard.preflight.cleanup.process_table import ProcessTable, ProcInfo, read_stat, scan_processes
 
 PY = sys.executable
 DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia2", "nvidia3")

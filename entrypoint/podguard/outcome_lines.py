@@ -1,5 +1,5 @@
-"""The job's last word and its restarts, as lines a keeper outside the pod reads (PRODUCT.md, "Lines podguard
-prints for `pod keep`"). Both sides of that contract import this module: job/ending.py writes the END line,
+"""The job's last word and its restarts, as lines a keeper outside the pod reads (docs/formats.md, "END and
+RESTART lines"). Both sides of that contract import this module: job/ending.py writes the END line,
 job/conductor.py the RESTART lines, pods/keeper/lines.py reads them. It sits low in the package and imports only
 errors.py (the exit codes).
 

@@ -11,6 +11,7 @@ Face, OpenAI, GitHub, Slack, AWS, RunPod, W&B-style `Bearer`) are replaced where
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 
 __all__ = ["MASK", "is_secret_name", "redact_argv", "redact_command", "redact_env", "redact_text"]
@@ -99,8 +100,6 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 def redact_command(argv: Sequence[str]) -> str:
     """`shlex.join` of the redacted argv: the form reports and log lines show."""
-    import shlex
-
     return shlex.join(redact_argv(argv))
 
 

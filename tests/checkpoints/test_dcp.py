@@ -16,8 +16,8 @@ import pytest
 import writers as w
 
 from podguard.checkpoints import Layout, find_checkpoints
+from podguard.checkpoints.checkpoint import short_of
 from podguard.checkpoints.dcp import dcp_files
-from podguard.checkpoints.model import short_of
 
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pods"))  # the sta
 
 from pods_support import standin  # noqa: F401 (fixture)
 
-from podguard.pods.model import Pod, PodStatus
+from podguard.pods.pod import Pod, PodStatus
 from podguard.pods.thispod.meter import Budget, Meter, budget_from, read_budget
 
 WALL = 1_800_000_000.0  # "now" on the wall clock for budget_from

@@ -185,7 +185,7 @@ def _connections_to(port: int) -> int:
 def test_a_stale_store_of_an_earlier_attempt_is_not_followed_and_the_next_one_is(tmp_path: Path):
     import datetime
 
-    from podguard.launch.cluster.protocol import ROOT, SESSION_KEY, load_store_class
+    from podguard.launch.multinode.protocol import ROOT, SESSION_KEY, load_store_class
 
     store_class = load_store_class()  # torch's TCPStore, imported quietly
     port = free_port_pair()

@@ -1,4 +1,4 @@
-"""The progress share of a multi-node run (launch/cluster/share.py, issue 23 item 1), two nodes in one process
+"""The progress share of a multi-node run (launch/multinode/share.py, issue 23 item 1), two nodes in one process
 on loopback: node 0 hosts the store on the gate's port, node 1 joins; a node hears the other's progress, and
 never its own echo (silence on every node stays silence)."""
 
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from loopback import free_port
-from podguard.launch.cluster.model import gate_settings
-from podguard.launch.cluster.share import ProgressShare
+from podguard.launch.multinode.share import ProgressShare
+from podguard.launch.multinode.verdicts import gate_settings
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
@@ -93,7 +93,7 @@ def test_node_1_hears_a_restarted_node_0_whose_counters_start_again():
 def test_node_0_whose_port_is_taken_says_so_once_and_keeps_trying(monkeypatch: pytest.MonkeyPatch):
     import socket
 
-    import podguard.launch.cluster.share as share_module
+    import podguard.launch.multinode.share as share_module
 
     monkeypatch.setattr(share_module, "SAY_AFTER_S", 0.3)
     said: list[str] = []

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from podguard.errors import ExitCode, UsageError
-from podguard.launch.cluster.model import GateOutcome, NodeVerdict, format_gate_summary, gate_settings
-from podguard.launch.cluster.netif import _ipv6_owner, interface_holding, socket_ifname_env
+from podguard.launch.multinode.netif import _ipv6_owner, interface_holding, socket_ifname_env
+from podguard.launch.multinode.verdicts import GateOutcome, NodeVerdict, format_gate_summary, gate_settings
 from podguard.launch.torchrun.rendezvous import resolve_rendezvous
 
 PODGUARD = [sys.executable, "-m", "podguard"]
@@ -178,8 +178,8 @@ def test_the_single_node_path_and_the_gate_modules_do_not_import_torch():
     code = (
         "import sys\n"
         "import podguard.cli.launch, podguard.job.conductor, podguard.job.multinode\n"
-        "import podguard.launch.cluster.gate, podguard.launch.cluster.netif\n"
-        "import podguard.launch.cluster.protocol\n"
+        "import podguard.launch.multinode.gate, podguard.launch.multinode.netif\n"
+        "import podguard.launch.multinode.protocol\n"
         "sys.exit('torch' in sys.modules)\n"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,7 +1,7 @@
 """The run-time GPU fault watch (podguard.launch.watch.gpu_faults) on the real nvidia-ml-py binding and the fake NVML.
 
 Why these tests: the watch is what turns "a GPU fell off the bus mid-run" into "GPU 3, Xid 79" and exit 76
-(PRODUCT.md "During the run"). They pin what is fatal (Xid 79/95, a lost GPU, uncorrected ECC rising, a recovery
+(docs/watch.md, "GPU faults"). They pin what is fatal (Xid 79/95, a lost GPU, uncorrected ECC rising, a recovery
 action), what is only printed (application Xids), that each fault comes once, that a poll never blocks or raises,
 and that a CPU-only node gets no watch. The node changes while the watch polls (`nvml_node.write`), as a GPU would
 fail during a run.

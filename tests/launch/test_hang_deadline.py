@@ -176,7 +176,7 @@ def test_a_stalled_state_volume_never_blocks_the_loops_records(tmp_path):
     import threading
 
     from podguard.launch.watch.evidence import HangEvidence
-    from podguard.launch.watch.progress import Hang
+    from podguard.launch.watch.hangs import Hang
     from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
 
     if not StallFs.available():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loopback import free_port
-from podguard import locks
+from podguard import state as locks
 from podguard.errors import UsageError
 from podguard.launch.ports import allocate_master_port, parse_port
 

@@ -18,7 +18,7 @@ from containersim import in_container, nolock_env, require_namespaces
 from podguard.errors import UsageError
 from podguard.launch.prepare import STAMP_NAME, PrepareError, cache_key, prepare_once
 from podguard.launch.prepare_stale import STALE_TEMP_S, TMP_PREFIX, clean_stale, temp_owner
-from podguard.locks import host_id
+from podguard.state import host_id
 
 DRIVER = """
 import json, sys

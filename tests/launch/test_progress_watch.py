@@ -1,4 +1,4 @@
-"""Progress and hangs (launch/watch/progress.py), stragglers (stragglers.py) and heartbeats (rank/progress.py):
+"""Progress and hangs (launch/watch/hangs.py), stragglers (stragglers.py) and heartbeats (rank/progress.py):
 the rules on their own, with the time passed in."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from podguard.launch.watch.progress import ProgressWatch
+from podguard.launch.watch.hangs import ProgressWatch
 from podguard.launch.watch.stragglers import PERSIST, StepRates
 from podguard.rank import progress as hb
 from podguard.rank.progress import Beat, create_board, read_board

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 
 from podguard.launch.watch import quiet_ranks
-from podguard.launch.watch.progress import Hang, ProgressWatch
+from podguard.launch.watch.hangs import Hang, ProgressWatch
 from podguard.launch.watch.quiet_ranks import QuietRanks, write_count
 from podguard.launch.watch.stack_model import RankStacks
 from podguard.launch.watch.stacks import StackTarget

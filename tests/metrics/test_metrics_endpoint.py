@@ -1,5 +1,5 @@
 """`--metrics-port` end to end: a real `podguard run` of a heartbeat job on the fake 8-GPU node, scraped over HTTP
-and read with prometheus_client's own parser (PRODUCT.md "Metrics where people look").
+and read with prometheus_client's own parser (docs/metrics.md, "The series").
 
 Why: the endpoint is what Prometheus and Grafana see. These tests pin every series (names, labels, HELP and TYPE),
 that the GPU gauges are what NVML reports, that counters only grow and steps advance, that an Xid shows in the

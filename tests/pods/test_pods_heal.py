@@ -99,11 +99,11 @@ def test_an_exited_pod_skips_the_restart(standin, sick_pod):  # noqa: F811
 
 
 def test_a_replacement_carries_podguards_mark_its_own_or_a_new_one_for_its_name():
+    from podguard.pods.clusters.cluster import Cluster, Member
     from podguard.pods.clusters.heal import replacement_cluster
-    from podguard.pods.clusters.model import Cluster, Member
     from podguard.pods.heal import replacement_request
     from podguard.pods.mark import ENV_MARK, mark_of, name_hash
-    from podguard.pods.model import GpuInfo, Pod, PodStatus
+    from podguard.pods.pod import GpuInfo, Pod, PodStatus
 
     def made(env: dict[str, str]) -> Pod:
         return Pod("p1", "trainer", PodStatus.RUNNING, GpuInfo("NVIDIA A40", 2), 0.9, None, (), (), env=env)

@@ -1,5 +1,6 @@
-"""`podguard pod keep`: each case of the contract (PRODUCT.md, "Keeping a job alive from outside"), the real CLI as a
-process against the stand-in RunPod over real HTTP and SSE; the test plays RunPod and the job in the pod.
+"""`podguard pod keep`: each case of the contract (docs/running-pods.md, "Keeping a job alive overnight"), the
+real CLI as a process against the stand-in RunPod over real HTTP and SSE; the test plays RunPod and the job in the
+pod.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pytest
 from podguard.outcome_lines import end_line, restart_line
 from podguard.pods.keeper.decide import Act, JobView, NodeState, Observed, Outcome, decide
 from podguard.pods.keeper.lines import CueKind, read_line
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 RUNNING = Observed(PodStatus.RUNNING, {0: NodeState(PodStatus.RUNNING, True)})
 

@@ -24,7 +24,7 @@ from podguard.pods.keeper.intent import Intent, Word, finished, is_over, may_act
 from podguard.pods.keeper.lines import read_line
 from podguard.pods.keeper.spec_change import spec_changes
 from podguard.pods.mark import ENV_MARK, Mark, mark_of, marked_spec, name_hash, owned, spec_hash, with_mark
-from podguard.pods.model import GpuInfo, Pod, PodStatus
+from podguard.pods.pod import GpuInfo, Pod, PodStatus
 from podguard.pods.spec import parse_spec
 
 R, E, X, P, U, T = (

@@ -1,4 +1,4 @@
-"""`pod keep` the way real nights go (PRODUCT.md, "The user's hand wins, and nothing is left billing"): a 502 at
+"""`pod keep` the way real nights go (docs/running-pods.md, "Keeping a job alive overnight"): a 502 at
 the wrong moment, a keeper killed between two steps, a second actor, a user who changes their mind, a slow image
 pull, a webhook that never answers, a resumed pod without GPUs. The real CLI as a process against the stand-in.
 """

@@ -13,8 +13,8 @@ from podguard.pods.api import open_api
 from podguard.pods.auth import load_api_key
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.follow import LogFollower
-from podguard.pods.model import GpuInfo, LogEvent, PodAction, PodRequest
 from podguard.pods.placement import create_first_fit
+from podguard.pods.pod import GpuInfo, LogEvent, PodAction, PodRequest
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.sse import parse_sse
 from podguard.pods.tuning import Tuning

@@ -10,8 +10,8 @@ from podguard.errors import ExitCode
 from podguard.pods.api import open_api
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.graphql_api import gql_text
-from podguard.pods.model import GpuInfo, PodAction, PodRequest, TemplateRequest, Volume
 from podguard.pods.placement import create_first_fit
+from podguard.pods.pod import GpuInfo, PodAction, PodRequest, TemplateRequest, Volume
 from podguard.pods.tuning import Tuning
 
 runpod = pytest.importorskip("runpod")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from podguard.launch.watch.progress import ProgressWatch
+from podguard.launch.watch.hangs import ProgressWatch
 from podguard.rank import busy as busy_module
 from podguard.rank import progress as hb
 from podguard.rank.busy import busy

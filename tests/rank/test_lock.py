@@ -18,7 +18,7 @@ import pytest
 
 from containersim import in_container, nolock_env, require_namespaces
 from podguard.errors import PodguardError, UsageError
-from podguard.locks import host_id
+from podguard.state import host_id
 
 
 def _py(code: str, tmp_path: Path, name: str) -> Path:

@@ -10,7 +10,7 @@ per the format's spec, torch.save zips from their end records, torch DCP from it
 
 from __future__ import annotations
 
-from podguard.checkpoints.model import Checkpoint, Key, Layout, format_size
+from podguard.checkpoints.checkpoint import Checkpoint, Key, Layout, format_size
 from podguard.checkpoints.render import (
     ENV_RESUME_FROM,
     ENV_RESUME_STEP,

@@ -29,7 +29,7 @@ import pickle
 import re
 from typing import Any
 
-from podguard.checkpoints.model import short_of
+from podguard.checkpoints.checkpoint import short_of
 
 __all__ = ["METADATA", "dcp_files", "dcp_why", "is_dcp"]
 

@@ -20,7 +20,7 @@ import struct
 import zipfile
 from typing import Any
 
-from podguard.checkpoints.model import format_size, short_of
+from podguard.checkpoints.checkpoint import format_size, short_of
 
 __all__ = ["MAX_HEADER", "file_why", "lightning_step", "safetensors_why", "torch_zip_why"]
 

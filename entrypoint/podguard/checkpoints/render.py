@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from podguard.checkpoints.model import Checkpoint, format_size
+from podguard.checkpoints.checkpoint import Checkpoint, format_size
 from podguard.checkpoints.scan import Finding
 from podguard.durations import format_duration
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from podguard.checkpoints.checkpoint import Checkpoint, Key, Layout
 from podguard.checkpoints.dcp import dcp_why, is_dcp
 from podguard.checkpoints.files import TORCH_SUFFIXES, file_why, lightning_step
 from podguard.checkpoints.folders import (
@@ -41,7 +42,6 @@ from podguard.checkpoints.folders import (
     is_accelerate,
     read_tree,
 )
-from podguard.checkpoints.model import Checkpoint, Key, Layout
 from podguard.checkpoints.steps import step_from_name
 
 __all__ = ["DEEPSPEED_TRACKER", "MEGATRON_TRACKER", "Finding", "find_checkpoints", "list_keys", "newest_first"]

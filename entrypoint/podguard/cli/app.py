@@ -2,7 +2,7 @@
 
 `main()` runs Typer in non-standalone mode so that every usage error (bad option value, unknown
 option, bad environment variable) becomes one line on stderr and exit 64, never a traceback or
-Click's exit 2, as PRODUCT.md's exit-code table requires. A reader that goes away early (`podguard doctor
+Click's exit 2, as docs/reference.md's exit-code table says. A reader that goes away early (`podguard doctor
 --json | head`) ends the command quietly: the node commands finish with their own exit code (cli/node.py),
 others that were cut off mid-output exit 141 (128 + SIGPIPE, what a shell tool reports); never Python's
 BrokenPipeError message and exit 120 at shutdown.

@@ -80,10 +80,10 @@ def build(
     as_json: Json = False,
 ) -> None:
     """Build the image (wheelhouse on the host, then the Dockerfile); tags TAG, VERSION, VERSION-REVISION."""
-    from podguard.image.build import plan_build, run_build, split_reference
-    from podguard.image.engine import connect
-    from podguard.image.source import default_base, find_checkout, source_metadata
-    from podguard.image.wheelhouse import build_wheelhouse, image_python
+    from podguard.image.build import plan_build, run_build, split_reference  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.engine import connect  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.source import default_base, find_checkout, source_metadata  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.wheelhouse import build_wheelhouse, image_python  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     split_reference(tag)  # a bad tag fails before any work
     if python is not None and not python.replace(".", "", 1).isdigit():
@@ -116,7 +116,7 @@ def build(
 
 def _base_python(client: docker.DockerClient, base: str) -> str:
     """`--torch base`: the base's Python X.Y after checking it has Python >= 3.11 and torch (64 otherwise)."""
-    from podguard.image.basetorch import inspect_base, require_base_torch
+    from podguard.image.basetorch import inspect_base, require_base_torch  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     found = inspect_base(client, base)
     require_base_torch(found, base)
@@ -129,7 +129,7 @@ def _base_python(client: docker.DockerClient, base: str) -> str:
 
 def _added_line(added: int, base: str, torch_base: bool) -> str:
     """What the build added over the base; for `--torch base` against its 30 MB budget."""
-    from podguard.image.build import TORCH_BASE_BUDGET_BYTES
+    from podguard.image.build import TORCH_BASE_BUDGET_BYTES  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     line = f"podguard adds {added / 1e6:.1f} MB over {base}"
     if not torch_base:
@@ -173,10 +173,10 @@ def run(
     """Run a pod spec's image here the way RunPod would (env, ports, volume, pod id, SSH key, GPUs, restart).
 
     Replaces its own previous container; stops podguard's containers on those GPUs, others only with --force."""
-    from podguard.image.engine import connect
-    from podguard.image.gpus import parse_gpus
-    from podguard.image.podspec import read_pod_spec
-    from podguard.image.run import RunRequest, run_pod
+    from podguard.image.engine import connect  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.gpus import parse_gpus  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.podspec import read_pod_spec  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.run import RunRequest, run_pod  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     wanted = parse_gpus(gpus) if gpus is not None else None
     extra = {}
@@ -205,8 +205,8 @@ def smoke(
     as_json: Json = False,
 ) -> None:
     """Quick checks of a built image, timed: --version, doctor --json, the demo train, docker stop."""
-    from podguard.image.engine import connect, require_image
-    from podguard.image.smoke import render_check, render_smoke, run_smoke
+    from podguard.image.engine import connect, require_image  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.image.smoke import render_check, render_smoke, run_smoke  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client = connect()
     require_image(client, image)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from podguard.cli.app import discard_stdout
 from podguard.cli.options import PREFLIGHT
 from podguard.cli.params import Json, options
 from podguard.errors import ExitCode
@@ -37,7 +38,7 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 @options(PREFLIGHT, SELECT, into="opts", command="gpus")
 def gpus(opts: PreflightOptions, as_json: Json = False) -> None:
     """The GPU inventory and the selection this node would use (GPU_LIST / CUDA_VISIBLE_DEVICES / NPROC_PER_NODE)."""
-    from podguard.preflight.inventory import inventory_payload, render_inventory
+    from podguard.preflight.inventory import inventory_payload, render_inventory  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     payload = inventory_payload(opts)
     if as_json:
@@ -52,7 +53,7 @@ def gpus(opts: PreflightOptions, as_json: Json = False) -> None:
 @options(PREFLIGHT, (*SELECT, *GATE, "state_dir"), into="opts", command="health")
 def health(opts: PreflightOptions, as_json: Json = False) -> None:
     """The health gate alone (no cleanup). Exit code: 0 healthy, 69 missing, 75 busy, 76 unhealthy."""
-    from podguard.preflight.pipeline import run_preflight
+    from podguard.preflight.pipeline import run_preflight  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     _finish(run_preflight(opts), as_json)
 
@@ -60,7 +61,7 @@ def health(opts: PreflightOptions, as_json: Json = False) -> None:
 @options(PREFLIGHT, (*CLEANUP, *WHERE), into="opts", command="cleanup", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
 def cleanup(opts: PreflightOptions, as_json: Json = False) -> None:
     """Find and stop what holds the GPUs (job trees, launcher first), then wait for their memory to come back."""
-    from podguard.preflight.pipeline import run_preflight
+    from podguard.preflight.pipeline import run_preflight  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     _finish(run_preflight(opts), as_json)
 
@@ -68,8 +69,8 @@ def cleanup(opts: PreflightOptions, as_json: Json = False) -> None:
 @options(PREFLIGHT, (*WHERE, "degraded"), into="opts", command="doctor", probe=ProbeMode.OFF, on_fewer=OnFewer.CONTINUE)
 def doctor(opts: PreflightOptions, as_json: Json = False) -> None:
     """Everything a person needs when something is wrong: driver, GPUs, holders, health, env, recommendations."""
-    from podguard.preflight.doctor import collect, render
-    from podguard.preflight.options import validate_options
+    from podguard.preflight.doctor import collect, render  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.preflight.options import validate_options  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     validate_options(opts)
     data = collect(opts)
@@ -85,8 +86,6 @@ def _dump(data: object) -> None:
 
 def _print(text: str) -> None:
     """Print the command's output; a reader that went away (`| head`) does not change the exit code."""
-    from podguard.cli.app import discard_stdout
-
     try:
         print(text, flush=True)
     except BrokenPipeError:

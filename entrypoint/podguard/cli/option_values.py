@@ -3,6 +3,8 @@ value or raises UsageError with one line naming the value and what is valid."""
 
 from __future__ import annotations
 
+import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,6 @@ __all__ = [
 
 def save_signal(raw: Any) -> int | None:
     """USR1, SIGUSR1 or 10; none/off/empty: no save request. SIGKILL and SIGSTOP cannot be caught: refused."""
-    import signal
-
     text = "" if raw is None else str(raw).strip().upper()
     if text in ("", "NONE", "OFF"):
         return None
@@ -52,8 +52,6 @@ def save_grace(raw: Any) -> float:
 
 def regex(raw: Any, name: str) -> str | None:
     """A regular expression that compiles (kept as text; the watch compiles it), or None when empty."""
-    import re
-
     if raw is None or str(raw) == "":
         return None
     try:
@@ -71,7 +69,7 @@ def positive_seconds(raw: Any, name: str) -> float:
 
 
 def rdzv_backend(raw: Any) -> str:
-    from podguard.launch.torchrun.rendezvous import RdzvBackend  # lazily: only torchrun mode needs it
+    from podguard.launch.torchrun.rendezvous import RdzvBackend  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs (torchrun mode)
 
     return str(choice(RdzvBackend, "--rdzv-backend")(raw))
 

@@ -17,10 +17,10 @@ from podguard.errors import UsageError
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
-    from podguard.pods.clusters.model import Cluster
-    from podguard.pods.model import Pod
-    from podguard.pods.progress import Progress
+    from podguard.pods.clusters.cluster import Cluster
+    from podguard.pods.pod import Pod
     from podguard.pods.spec import PodSpec
+    from podguard.pods.status_lines import Progress
     from podguard.pods.tuning import Tuning
 
 __all__ = [
@@ -86,7 +86,7 @@ SpecFile = Annotated[
 
 # -- helpers ---------------------------------------------------------------------------------------------
 def api_client(kind: str | None, retry_for: float, *, spec: PodSpec | None = None) -> PodApi:
-    from podguard.pods.api import ApiKind, open_api
+    from podguard.pods.api import ApiKind, open_api  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     valid = ", ".join(k.value for k in ApiKind)
     if kind is not None and kind not in {k.value for k in ApiKind}:
@@ -113,9 +113,9 @@ def client_and_pod(
     """An API client and the pod or cluster named `ref` (by id or name); exit 66 when there is none.
 
     A cluster member's id names that node's pod, or its cluster with `member_as_cluster` (heal)."""
-    from podguard.pods.clusters.model import Member
-    from podguard.pods.clusters.rest import cluster_api
-    from podguard.pods.clusters.target import find_target
+    from podguard.pods.clusters.cluster import Member  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.clusters.rest import cluster_api  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.clusters.target import find_target  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client = api_client(kind, retry_for)
     target = find_target(client, ref)
@@ -128,13 +128,13 @@ def client_and_pod(
 
 
 def is_cluster(target: object) -> TypeGuard[Cluster]:
-    from podguard.pods.clusters.model import Cluster
+    from podguard.pods.clusters.cluster import Cluster  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     return isinstance(target, Cluster)
 
 
 def new_progress(quiet: bool = False) -> Progress:
-    from podguard.pods.progress import Progress
+    from podguard.pods.status_lines import Progress  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     return Progress(sys.stderr, quiet=quiet)
 
@@ -145,8 +145,8 @@ def emit(data: Any) -> None:
 
 
 def show(pod: Pod | None, as_json: bool, extra: dict[str, Any] | None = None) -> None:
-    from podguard.pods.model import public_view
-    from podguard.pods.render import pod_details
+    from podguard.pods.pod import public_view  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.render import pod_details  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     if as_json:
         emit({**(public_view(pod) if pod is not None else {}), **(extra or {})})
@@ -155,6 +155,6 @@ def show(pod: Pod | None, as_json: bool, extra: dict[str, Any] | None = None) ->
 
 
 def pod_tuning() -> Tuning:
-    from podguard.pods.tuning import Tuning
+    from podguard.pods.tuning import Tuning  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     return Tuning.from_env()

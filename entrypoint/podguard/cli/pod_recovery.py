@@ -26,8 +26,8 @@ from podguard.errors import ExitCode, PodguardError
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
-    from podguard.pods.clusters.model import Cluster
-    from podguard.pods.progress import Progress
+    from podguard.pods.clusters.cluster import Cluster
+    from podguard.pods.status_lines import Progress
 
 
 @pod_app.command("heal")
@@ -44,8 +44,8 @@ def heal(
     retry_for: RetryFor = 60.0,
 ) -> None:
     """Restart, then stop+start (fresh driver state), then with --replace an identical pod elsewhere."""
-    from podguard.pods.heal import heal as run_heal
-    from podguard.pods.heal import heal_record
+    from podguard.pods.heal import heal as run_heal  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.heal import heal_record  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod, member_as_cluster=True)
     progress = new_progress()
@@ -65,7 +65,7 @@ def heal(
 def _heal_cluster(
     client: PodApi, cluster: Cluster, replace: bool, timeout: float, as_json: bool, progress: Progress
 ) -> None:
-    from podguard.pods.clusters import commands
+    from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     try:
         record = commands.heal(
@@ -78,7 +78,7 @@ def _heal_cluster(
 
 
 def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress) -> None:
-    from podguard.pods.heal import save_heal_record
+    from podguard.pods.heal import save_heal_record  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     where = save_heal_record(target_id, record)
     if where:
@@ -132,8 +132,8 @@ def keep(
     adopt: Adopt = None,
 ) -> None:
     """`pod up`, then watch the pod (or cluster) and its job until it is over, recovering what breaks."""
-    from podguard.pods.keeper.command import KeepRequest
-    from podguard.pods.keeper.command import keep as run_keep
+    from podguard.pods.keeper.command import KeepRequest  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.keeper.command import keep as run_keep  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     adopted = tuple(i.strip() for item in adopt or () for i in item.split(",") if i.strip())
     request = KeepRequest(spec_file, poll, max_recoveries, notify, deploy, key_secret, as_json, adopted)

@@ -2,7 +2,7 @@
 
 Registered only when the first argument is `pod` or `template` (or for the full help). Nothing here
 imports an API client before a command runs, and only `--api graphql` / spot specs load the `runpod` SDK.
-Exit codes (PRODUCT.md): 64 bad spec/arguments or an action the status does not allow, 66 no such pod,
+Exit codes (docs/running-pods.md): 64 bad spec/arguments or an action the status does not allow, 66 no such pod,
 69 no capacity, 75 transient API failure or a wait timed out, 76 the pod's preflight failed, 77 key/account.
 """
 
@@ -252,10 +252,10 @@ def wait(
 def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
     from podguard.pods.actions import act_on
     from podguard.pods.clusters import commands
-    from podguard.pods.clusters.model import Member
+    from podguard.pods.clusters.cluster import Member
     from podguard.pods.clusters.target import find_target
     from podguard.pods.keeper.deploy import say_unkept
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
 
     wanted = PodAction(action)
     client = api_client(api, retry_for)

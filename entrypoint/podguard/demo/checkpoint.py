@@ -42,7 +42,7 @@ class DemoCheckpoints:
             if self.ctx.is_main:
                 emit(f"[demo] not resuming from {path}: not a demo checkpoint (step-<N>.pt); starting from scratch")
             return 1
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
         state = torch.load(path, map_location="cpu", weights_only=True)
         _module(model).load_state_dict(state["model"])
@@ -63,11 +63,11 @@ class DemoCheckpoints:
         return asked
 
     def save(self, step: int, model: Any, optimizer: Any, gen: Any, *, why: str) -> None:
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
         samplers = [gen.get_state()]
         if self.ctx.distributed:
-            import torch.distributed as dist
+            import torch.distributed as dist  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
             gathered: list[Any] = [None] * self.ctx.world_size
             dist.all_gather_object(gathered, gen.get_state())

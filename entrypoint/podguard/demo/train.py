@@ -16,8 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from podguard.demo import data as demo_data
 from podguard.demo import require_torch
+from podguard.demo.checkpoint import DemoCheckpoints
 from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.launch.prepare import prepare_once
 from podguard.rank import (
     NanGuard,
     NonFiniteError,
@@ -31,6 +34,7 @@ from podguard.rank import (
 )
 from podguard.rank._env import current_rank, emit
 from podguard.rank.config import NAN_POLICIES, PRESETS, TrainConfig
+from podguard.state import state_dir, subdir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         log_memory("START")
         with serialized("import", slots=config.import_slots):
             warnings.filterwarnings("ignore", message=".*NumPy.*")  # CPU torch without numpy warns at import
-            import torch
-            import torch.distributed  # the heavy part of DDP: inside the lock too
-            import torch.nn.parallel  # noqa: F401
+            import torch  # noqa: PLC0415  lazy: torch under the cross-rank import lock
+            import torch.distributed  # noqa: PLC0415  lazy: torch under the cross-rank import lock
+            import torch.nn.parallel  # noqa: F401, PLC0415  lazy: torch under the cross-rank import lock
         log_memory("POST-IMPORT")
         ctx = init_rank(device=args.device, allow_cpu_fallback=args.allow_cpu_fallback)
         return _train(ctx, config, args, inject, started)
@@ -153,7 +157,7 @@ class _Run:
 
 
 def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inject: set[int], started: float) -> int:
-    import torch
+    import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
     run = _Run(ctx, config, args, inject, started, device=torch.device(ctx.device))
     _limit_cpu_threads(ctx)
@@ -167,7 +171,7 @@ def _train(ctx: RankContext, config: TrainConfig, args: argparse.Namespace, inje
 
 def _limit_cpu_threads(ctx: RankContext) -> None:
     """CPU ranks on one host share its cores: without this, each takes them all and they thrash."""
-    import torch
+    import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
     if not ctx.is_cuda and "OMP_NUM_THREADS" not in os.environ:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
@@ -188,9 +192,6 @@ def _banner(run: _Run) -> None:
 
 def _load_data(run: _Run) -> None:
     """The dataset, prepared once per node (ranks wait on the prepare lock instead of racing); this rank's shard."""
-    from podguard.demo import data as demo_data
-    from podguard.launch.prepare import prepare_once
-
     config, rank, world = run.config, run.ctx.rank, run.ctx.world_size
     spec = demo_data.SyntheticDataset(config.samples, config.input_dim, config.classes, config.seed)
     cache_root = Path(run.args.cache_dir) if run.args.cache_dir else _state_subdir("cache")
@@ -209,16 +210,16 @@ def _load_data(run: _Run) -> None:
 
 
 def _build_model(run: _Run) -> tuple[Any, NanGuard]:
-    import torch
+    import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
-    from podguard.demo.model import DemoNet
+    from podguard.demo.model import DemoNet  # noqa: PLC0415  lazy: imports torch at its top
 
     config, ctx = run.config, run.ctx
     torch.manual_seed(config.seed)  # same init everywhere (DDP also broadcasts rank 0's weights)
     model: Any = DemoNet(config.input_dim, config.hidden, config.layers, config.classes).to(run.device)
     params = sum(p.numel() for p in model.parameters())
     if ctx.distributed:
-        from torch.nn.parallel import DistributedDataParallel
+        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
         model = DistributedDataParallel(model, device_ids=[run.device.index] if ctx.is_cuda else None)
     guard = NanGuard(
@@ -233,10 +234,8 @@ def _build_model(run: _Run) -> tuple[Any, NanGuard]:
 def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float, int]:
     """The steps, with a progress line every `log_every`; (training seconds, last logged loss, steps run here: fewer
     than the total after a resume)."""
-    import torch
-    import torch.nn.functional as F
-
-    from podguard.demo.checkpoint import DemoCheckpoints
+    import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
+    import torch.nn.functional as F  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
     config, rank = run.config, run.ctx.rank
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
@@ -281,7 +280,7 @@ def _train_loop(run: _Run, model: Any, guard: NanGuard) -> tuple[float, float, i
 
 def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: float, ran: int) -> None:
     """Loss and accuracy averaged over ranks, printed by rank 0."""
-    import torch
+    import torch  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
     ctx, config = run.ctx, run.config
     model.eval()
@@ -290,7 +289,7 @@ def _summary(run: _Run, model: Any, guard: NanGuard, train_s: float, last_loss: 
         accuracy = (model(run.x[:probe]).argmax(dim=1) == run.y[:probe]).float().mean()
     stats = torch.tensor([last_loss, float(accuracy)], dtype=torch.float64, device=run.device)
     if ctx.distributed:
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415  lazy: torch (the demo's extra), loaded by main() under the import lock
 
         dist.all_reduce(stats)
         stats /= ctx.world_size
@@ -318,8 +317,6 @@ _DATA_ORIGIN = {
 
 
 def _state_subdir(name: str) -> Path:
-    from podguard.state import state_dir, subdir
-
     return subdir(state_dir(), name)
 
 

@@ -1,1 +1,1 @@
-"""Accelerator access: the backend Protocol, its records, and the NVML implementation (imported lazily)."""
+"""Accelerator access: the backend Protocol, its records, and the NVML implementation."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from podguard.gpu.backend import GpuBackend, NvmlFailure, NvmlUnavailable
+from podguard.gpu.nvml import NvmlBackend
 
 __all__ = ["open_backend"]
 
@@ -13,8 +14,6 @@ def open_backend() -> GpuBackend | None:
     Any other NVML failure (driver not loaded, version mismatch, a lost GPU) is raised as
     `NvmlUnavailable`: those are broken GPU nodes, not CPU nodes, and must not silently fall back.
     """
-    from podguard.gpu.nvml import NvmlBackend  # lazy: keeps `import podguard` cheap
-
     try:
         return NvmlBackend()
     except NvmlUnavailable as exc:

@@ -32,6 +32,7 @@ from podguard.gpu.backend import (
     XidSubscription,
     decode_clock_events,
 )
+from podguard.gpu.nvml_events import open_xid_subscription, watch_xid
 from podguard.gpu.nvml_support import (
     COMPUTE_MODES,
     ENV_LIBRARY,
@@ -366,14 +367,10 @@ class NvmlBackend:
         self, indices: list[int] | Sequence[int], timeout_s: float, stop: threading.Event | None = None
     ) -> list[XidEvent]:
         """Critical XID events on `indices` until `timeout_s` passes or `stop` is set (see nvml_events)."""
-        from podguard.gpu.nvml_events import watch_xid
-
         return watch_xid(self._nv, self._handle, indices, timeout_s, stop)
 
     def open_xid_events(self, indices: Sequence[int]) -> XidSubscription | None:
         """One event set for critical Xid events on `indices`, kept open and polled without waiting."""
-        from podguard.gpu.nvml_events import open_xid_subscription
-
         return open_xid_subscription(self._nv, self._handle, indices)
 
 

@@ -7,6 +7,8 @@ the per-query reader that turns failures into n/a, `lost`, unknown or a short er
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import time
 from types import ModuleType
@@ -30,9 +32,7 @@ __all__ = [
 
 
 def debug(msg: str, *args: object) -> None:
-    """Log at debug level; `logging` is imported only on these rare paths to keep the import cheap."""
-    import logging
-
+    """Log at debug level (the rare paths: an NVML call that failed in an unexpected way)."""
     logging.getLogger(__name__).debug(msg, *args)
 
 
@@ -156,8 +156,6 @@ def describe_error(exc: BaseException) -> str:
 
 def address_of(handle: object) -> int | None:
     """The C pointer behind an nvmlDevice_t, to recognise the device an event came from."""
-    import ctypes
-
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value  # type: ignore[arg-type]
     except (TypeError, ctypes.ArgumentError):
@@ -166,7 +164,7 @@ def address_of(handle: object) -> int | None:
 
 def import_pynvml(library_path: str | None) -> ModuleType:
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415  lazy: pynvml (the NVML binding): a broken install is a clean CPU-node error, not an import failure
     except ImportError as exc:  # the dependency is declared; a broken install still gets a clear message
         raise NvmlUnavailable(NvmlFailure.LIBRARY_NOT_FOUND, f"the nvidia-ml-py binding is missing: {exc}") from None
     if library_path:
@@ -176,8 +174,6 @@ def import_pynvml(library_path: str | None) -> ModuleType:
 
 def bind_library(nv: ModuleType, path: str) -> None:
     """Load the NVML library at `path` and make it pynvml's library (see the module docstring)."""
-    import ctypes
-
     with nv.libLoadLock:
         current = nv.nvmlLib
         if current is not None:

@@ -2,7 +2,7 @@
 
     xid_meaning(79)           # "GPU has fallen off the bus"
     79 in HARDWARE_XIDS       # the gate fails a GPU that reports it during its window
-    79 in RUN_FATAL_XIDS      # the run-time watch ends a running job on it (PRODUCT.md "GPU faults")
+    79 in RUN_FATAL_XIDS      # the run-time watch ends a running job on it (docs/watch.md, "GPU faults")
 
 Source: NVIDIA's "XID Errors" catalogue (docs.nvidia.com/deploy/xid-errors); why each run-time Xid is fatal:
 docs/watch.md ("Which Xids end the job").
@@ -36,7 +36,7 @@ XID_MEANINGS: dict[int, str] = {
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 # The hardware or driver needs attention: the gate fails a GPU that reports one of these in its window.
 HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
-# A running job ends on these (PRODUCT.md); 61, 62 and 140 are named but do not end it.
+# A running job ends on these (docs/watch.md, "Which Xids end the job"); 61, 62 and 140 are named but do not end it.
 RUN_FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
 
 

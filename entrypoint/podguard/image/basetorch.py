@@ -67,7 +67,7 @@ def parse_probe(output: str) -> BaseTorch:
 
 def inspect_base(client: docker.DockerClient, base: str) -> BaseTorch:
     """Run the probe in a container of `base` (pulled if needed); 64 when the base cannot run it."""
-    from docker.errors import ContainerError, DockerException, ImageNotFound
+    from docker.errors import ContainerError, DockerException, ImageNotFound  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         out = client.containers.run(

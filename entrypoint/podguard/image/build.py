@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.image.build_progress import BuildPrinter
 from podguard.image.context import BuildContext
 from podguard.image.engine import engine_error
-from podguard.image.progress import BuildPrinter
 from podguard.image.source import SourceMetadata
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TORCH_BASE_BUDGET_BYTES", "BuildPlan", "BuildResult", "plan_build", "run_build", "split_reference"]
 
-TORCH_BASE_BUDGET_BYTES = 30_000_000  # what `--torch base` may add over the base (PRODUCT.md: 30 MB)
+TORCH_BASE_BUDGET_BYTES = 30_000_000  # what `--torch base` may add over the base (docs/image.md: 30 MB)
 
 _TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -85,7 +85,7 @@ def plan_build(
 
 def run_build(client: docker.DockerClient, plan: BuildPlan, out: TextIO) -> BuildResult:
     """Send the context, stream the engine's progress to `out`, tag the image; one line on failure."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     context = BuildContext.collect(plan.root, torch_base=plan.torch_base)
     printer = BuildPrinter(out)

@@ -23,8 +23,8 @@ __all__ = ["connect", "engine_error", "has_nvidia_runtime", "require_image"]
 
 def connect(timeout_s: float = 120) -> docker.DockerClient:
     """A client for the engine DOCKER_HOST names (else the local socket); 69 when none answers."""
-    import docker
-    from docker.errors import DockerException
+    import docker  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
+    from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         client = docker.from_env(timeout=int(timeout_s))
@@ -54,7 +54,7 @@ def _short(exc: Exception) -> str:
 
 def require_image(client: docker.DockerClient, image: str) -> None:
     """UsageError (64) naming the image and how to build it when this Docker host does not have it."""
-    from docker.errors import ImageNotFound
+    from docker.errors import ImageNotFound  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         client.images.get(image)

@@ -61,7 +61,7 @@ class GpuSet:
         return cls(ids=frozenset(str(i) for i in range(n)), count=n)
 
     def device_request(self) -> Any:
-        import docker
+        import docker  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
         if self.everything:
             return docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])

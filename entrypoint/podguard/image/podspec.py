@@ -1,4 +1,4 @@
-"""A pod spec (`runpod/pod.toml`, PRODUCT.md) as `podguard image run` needs it to run the pod locally.
+"""A pod spec (`runpod/pod.toml`, docs/running-pods.md) as `podguard image run` needs it to run the pod locally.
 
 The file is read and checked by the pods package's parser (`podguard.pods.spec.load_spec`: unknown keys and
 bad values are errors naming them); this module only derives the local view of it.

@@ -144,7 +144,7 @@ def _stop_holders(client: docker.DockerClient, holders: list[GpuHolder], out: Te
 
 def _previous(client: docker.DockerClient, name: str, force: bool) -> Any:
     """This pod's previous container (to replace), None; 64 when the name is taken by someone else's."""
-    from docker.errors import NotFound
+    from docker.errors import NotFound  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         old = client.containers.get(name)
@@ -160,7 +160,7 @@ def _previous(client: docker.DockerClient, name: str, force: bool) -> Any:
 
 def _ensure_image(client: docker.DockerClient, image: str, out: TextIO) -> None:
     """Pull the image when this host does not have it, before anything is stopped or replaced."""
-    from docker.errors import DockerException, ImageNotFound
+    from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         client.images.get(image)
@@ -201,7 +201,7 @@ def _environment(req: RunRequest, pod_id: str, gpus: GpuSet, notes: list[str]) -
 
 
 def run_pod(client: docker.DockerClient, req: RunRequest, out: TextIO) -> RunResult:
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     name, notes = container_name(req.spec), []
     image = req.image or req.spec.image

@@ -158,7 +158,7 @@ def run_smoke(
 ) -> SmokeReport:
     """Run the checks (all, or those named in `only`; a failing one does not stop the rest); every
     container is removed at the end."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     unknown = [name for name in only if name not in CHECKS]
     if unknown:

@@ -6,7 +6,7 @@
 
 The engine stamps each line when the container writes it, on this host's clock, so the numbers do not
 include the time it takes to read them. The preflight summary line is `podguard <cmd>: <VERDICT> ... in N
-ms` (PRODUCT.md); the job's first line is the first after the summary that is not part of it.
+ms` (docs/formats.md); the job's first line is the first after the summary that is not part of it.
 """
 
 from __future__ import annotations

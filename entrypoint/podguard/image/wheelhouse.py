@@ -54,7 +54,7 @@ def python_from_probe(output: str, base: str) -> str:
 
 def image_python(client: docker.DockerClient, base: str) -> str:
     """Run the base once (pulling it if needed) and read its Python version."""
-    from docker.errors import DockerException
+    from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     try:
         out = client.containers.run(base, ["-c", _PROBE], entrypoint=["/bin/sh"], remove=True, network_disabled=True)

@@ -20,7 +20,7 @@ from podguard.errors import UsageError
 from podguard.launch.config import JobConfig
 
 if TYPE_CHECKING:
-    from podguard.launch.cluster.model import GateOutcome, GateSettings
+    from podguard.launch.multinode.verdicts import GateOutcome, GateSettings
     from podguard.preflight.pipeline import PreflightResult
 
 __all__ = ["GATE_RECORD", "cluster_gate_settings", "pass_cluster_gate", "worker_socket_env"]
@@ -32,13 +32,13 @@ def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float)
     """The gate's settings on a multi-node run (`port`: PODGUARD_CLUSTER_PORT, None: PRIMARY_PORT + 1; `timeout_s`:
     how long it waits for every node) (None on one node, or without NODE_RANK: then said once).
     Bad values and a Python without torch are refused here (64), before anything is leased or stopped. During
-    the run the nodes also share their progress on the gate's store (launch/cluster/share.py); without NODE_RANK
+    the run the nodes also share their progress on the gate's store (launch/multinode/share.py); without NODE_RANK
     each node judges a hang on its own."""
     if not cfg.multi_node:
         return None
     import importlib.util
 
-    from podguard.launch.cluster.model import gate_settings
+    from podguard.launch.multinode.verdicts import gate_settings
     from podguard.launch.torchrun.rendezvous import resolve_rendezvous
 
     opts = cfg.options
@@ -71,9 +71,9 @@ def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[
     the outcome is also written to `<state>/reports/cluster-gate.json` (best effort)."""
     import socket
 
-    from podguard.launch.cluster.gate import run_cluster_gate
-    from podguard.launch.cluster.model import NodeVerdict
-    from podguard.report import verdict_word
+    from podguard.launch.multinode.gate import run_cluster_gate
+    from podguard.launch.multinode.verdicts import NodeVerdict
+    from podguard.preflight.report import verdict_word
 
     verdict = NodeVerdict(
         rank=settings.node_rank,
@@ -98,7 +98,7 @@ def worker_socket_env() -> tuple[dict[str, str], list[str]]:
     """NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR (nothing imported when NODE_ADDR is unset) and the summary line."""
     if not os.environ.get("NODE_ADDR"):
         return {}, []
-    from podguard.launch.cluster.netif import socket_ifname_env
+    from podguard.launch.multinode.netif import socket_ifname_env
 
     env, note = socket_ifname_env(os.environ)
     return env, [note] if note else []

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from podguard.launch.cluster.model import DEFAULT_CLUSTER_TIMEOUT_S
 from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit
+from podguard.launch.multinode.verdicts import DEFAULT_CLUSTER_TIMEOUT_S
 from podguard.store.url import StoreUrl
 
 if TYPE_CHECKING:
     from podguard.guards.settings import GuardSettings
-    from podguard.launch.cluster.model import GateSettings
+    from podguard.launch.multinode.verdicts import GateSettings
     from podguard.pods.selfheal import SelfHealConfig
 
 __all__ = ["CheckpointSettings", "JobOptions", "JobSettings", "MetricsSettings"]

@@ -26,10 +26,9 @@ from typing import Any
 
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
-from podguard.locks import NoFlock, local_lock_dir, lock_blocking, open_lock
 from podguard.pods import thispod
 from podguard.redact import redact_argv, redact_text
-from podguard.state import state_dir, write_private
+from podguard.state import NoFlock, local_lock_dir, lock_blocking, open_lock, state_dir, write_private
 
 __all__ = [
     "HISTORY_MAX",

@@ -4,7 +4,7 @@
     decision = policy.after(Failure(code=1, kind=FailureKind.CRASH, what="exit 1", progressed=False))
     decision.restart, decision.delay_s, decision.reason
 
-Rules (PRODUCT.md "Restarts"): up to N relaunches; a crash loop — 3 consecutive attempts that failed the same
+Rules (docs/watch.md, "Restarts"): up to N relaunches; a crash loop — 3 consecutive attempts that failed the same
 way (the same exit code, or the same hang or fault) before any progress — stops the restarts (the caller exits
 with that failure's code). An attempt made progress when a `--progress` line matched, a heartbeat came, or (with
 `--checkpoints`) a new whole checkpoint appeared; where the job uses none of these, when it ran for at least a

@@ -17,14 +17,13 @@ import errno
 import json
 import os
 import re
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from podguard import state
 from podguard.errors import ExitCode, PodguardError, UsageError
-
-# socket, podguard.locks and podguard.redact are imported where they are used: `parse_port` is on every
-# launch path, leasing only on some (and `secrets`, which the locks need, costs more than all of this).
 
 __all__ = [
     "DEFAULT_PORT_START",
@@ -74,8 +73,6 @@ def port_in_use(port: int) -> bool:
     SO_REUSEADDR is set like torch's TCPStore does, so a port that only has TIME_WAIT leftovers counts
     as free (the store will be able to bind it).
     """
-    import socket
-
     targets: list[tuple[socket.AddressFamily, str]] = [(socket.AF_INET, "0.0.0.0"), (socket.AF_INET, "127.0.0.1")]
     if socket.has_ipv6:
         targets.append((socket.AF_INET6, "::"))
@@ -134,15 +131,11 @@ class PortLease:
 
 def _port_dir(lease_dir: Path | None) -> Path:
     """`<lease dir>/ports-<host>`: ports belong to a host's network namespace, not to a shared volume."""
-    from podguard import locks
-
     if lease_dir is None:
-        from podguard.state import state_dir, subdir
-
-        lease_dir = subdir(state_dir(), "leases")
-        if not locks.flock_supported(lease_dir):
-            lease_dir = locks.local_lock_dir("leases")
-    path = Path(lease_dir) / f"ports-{locks.host_id()}"
+        lease_dir = state.subdir(state.state_dir(), "leases")
+        if not state.flock_supported(lease_dir):
+            lease_dir = state.local_lock_dir("leases")
+    path = Path(lease_dir) / f"ports-{state.host_id()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -153,10 +146,9 @@ def _host_dir(lease_dir: Path | None) -> Path | None:
     chose the folder, or the temp dir cannot hold it."""
     if lease_dir is not None:
         return None
-    from podguard import locks
 
     try:
-        path = locks.local_lock_dir("ports") / f"ports-{locks.host_id()}"
+        path = state.local_lock_dir("ports") / f"ports-{state.host_id()}"
         path.mkdir(parents=True, exist_ok=True)
         return path
     except OSError:
@@ -182,18 +174,15 @@ def _lock_port(pdir: Path, hdir: Path | None, port: int, command: str) -> tuple[
 
 def _try_lock(path: Path, command: str) -> int | None:
     """Lock `path` without waiting and record ourselves in it; the fd, or None when another run holds it."""
-    import socket
-
-    from podguard import locks
 
     try:
-        fd = locks.open_lock(path)
+        fd = state.open_lock(path)
         writable = True
     except PermissionError:  # another user's lease file: we can still lock it, not describe ourselves
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         writable = False
     try:
-        taken = locks.try_flock(fd)
+        taken = state.try_flock(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -266,10 +255,9 @@ def allocate_master_port(
     for name, value in (("MASTER_PORT", preferred), ("port search start", start)):
         if value is not None and not 1 <= value <= 65535:
             raise UsageError(f"{name}={value} is out of range; expected a TCP port in 1..65535")
-    from podguard import locks
 
     pdir, hdir = _port_dir(lease_dir), _host_dir(lease_dir)
-    cmd = command or locks.holder_command()
+    cmd = command or state.holder_command()
     try:
         if preferred is not None:
             return _lease_preferred(pdir, hdir, preferred, cmd)
@@ -283,10 +271,10 @@ def allocate_master_port(
                 lease.release()
                 continue
             return lease
-    except locks.NoFlock:
+    except state.NoFlock:
         if lease_dir is not None:
             raise
-        fallback = locks.local_lock_dir("leases")
+        fallback = state.local_lock_dir("leases")
         return allocate_master_port(preferred, start=start, span=span, lease_dir=fallback, command=cmd)
     raise PodguardError(
         f"no free port for MASTER_PORT in {start}..{end} (all leased or in use); set MASTER_PORT to a free port",

@@ -30,9 +30,8 @@ from typing import Any
 
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
 from podguard.launch.prepare_stale import TMP_PREFIX, clean_stale
-from podguard.locks import NoFlock, host_id, local_lock_dir, open_lock, try_flock, unique_suffix
 from podguard.redact import redact_command, redact_env
-from podguard.state import write_private
+from podguard.state import NoFlock, host_id, local_lock_dir, open_lock, try_flock, unique_suffix, write_private
 
 __all__ = [
     "ENV_PREPARE_DIR",

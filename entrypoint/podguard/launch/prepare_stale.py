@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from podguard.locks import host_id, unique_suffix
+from podguard.state import host_id, unique_suffix
 
 __all__ = ["STALE_TEMP_S", "TMP_PREFIX", "TRASH_PREFIX", "clean_stale", "temp_owner"]
 

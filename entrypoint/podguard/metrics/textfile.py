@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FILE_INTERVAL_S", "FileWriter", "collector_note", "not_a_regular_file"]
 
-FILE_INTERVAL_S = 15.0  # PRODUCT.md; PODGUARD_METRICS_INTERVAL changes it (tests, a faster collector)
+FILE_INTERVAL_S = 15.0  # docs/metrics.md; PODGUARD_METRICS_INTERVAL changes it (tests, a faster collector)
 CLOSE_WAIT_S = 5.0  # at the end, how long a write still in flight (a stalled network volume) is waited for
 _KINDS = (  # what a path can be besides a regular file, as said in the messages
     (stat.S_ISLNK, "a symbolic link"),

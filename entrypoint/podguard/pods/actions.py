@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import Pod, PodAction, PodStatus, allowed_actions
 from podguard.pods.placement import find_pod
+from podguard.pods.pod import Pod, PodAction, PodStatus, allowed_actions
 
 __all__ = ["ActionResult", "act_on", "apply_action"]
 

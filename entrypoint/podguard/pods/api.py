@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from podguard.pods.model import ApiKind, LogEvent, Pod, PodAction, PodRequest, TemplateRequest
+from podguard.pods.auth import api_base_url, load_api_key
+from podguard.pods.pod import ApiKind, LogEvent, Pod, PodAction, PodRequest, TemplateRequest
+from podguard.pods.rest_api import RestApi
 from podguard.pods.retry import RetryPolicy
 from podguard.pods.tuning import Tuning
 
@@ -67,9 +69,6 @@ class PodApi(Protocol):
 
 def open_api(kind: ApiKind | str = ApiKind.REST, *, retry_for: float = 60.0, tuning: Tuning | None = None) -> PodApi:
     """An API client with the key and base URL from the environment (ApiError AUTH -> exit 77 if no key)."""
-    from podguard.pods.auth import api_base_url, load_api_key
-    from podguard.pods.rest_api import RestApi
-
     tuning = tuning or Tuning.from_env()
     policy = RetryPolicy(budget_s=retry_for, base_s=tuning.backoff_s, cap_s=tuning.backoff_cap_s)
     base = api_base_url()
@@ -77,6 +76,6 @@ def open_api(kind: ApiKind | str = ApiKind.REST, *, retry_for: float = 60.0, tun
     rest = RestApi(base, key, policy=policy, timeout_s=tuning.request_timeout_s, stream_idle_s=tuning.stream_idle_s)
     if ApiKind(kind) is ApiKind.REST:
         return rest
-    from podguard.pods.graphql_api import GraphqlApi
+    from podguard.pods.graphql_api import GraphqlApi  # noqa: PLC0415  lazy: runpod SDK (podguard[pods]): only --api graphql and spot pods load it
 
     return GraphqlApi(key, rest=rest, policy=policy)

@@ -11,6 +11,7 @@ names where the key is read from.
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,6 @@ def load_api_key(env: Mapping[str, str] | None = None) -> ApiKey:
     path = config_path()
     if not path.is_file():
         raise ApiError(ApiErrorKind.AUTH, f"no RunPod API key: {key_hint()}")
-    import tomllib
 
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

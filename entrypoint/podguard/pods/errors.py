@@ -2,7 +2,7 @@
 
     raise ApiError(ApiErrorKind.RATE_LIMITED, "GET /v2/pods: HTTP 429 rate limit exceeded", retry_after=12)
 
-The kind decides both whether a call is retried and which exit code the command ends with (PRODUCT.md:
+The kind decides both whether a call is retried and which exit code the command ends with (docs/pods.md:
 64 bad request, 66 no such pod, 69 no capacity, 75 transient, 77 key or account). Messages never carry
 the API key: the transports scrub it from anything the server echoes before building one.
 """

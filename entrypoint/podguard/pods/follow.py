@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from podguard.pods.api import LogStream, PodApi
 from podguard.pods.errors import ApiError
-from podguard.pods.model import LogEvent
+from podguard.pods.pod import LogEvent
 
 __all__ = ["LogFollower", "drain_quiet", "print_logs"]
 

@@ -25,7 +25,7 @@ from runpod.api.graphql import run_graphql_query
 from podguard.errors import UsageError
 from podguard.pods.auth import ApiKey, key_hint
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import (
+from podguard.pods.pod import (
     ApiKind,
     GpuInfo,
     Pod,
@@ -36,7 +36,7 @@ from podguard.pods.model import (
     TemplateRequest,
     Volume,
 )
-from podguard.pods.model import allowed_actions as _allowed
+from podguard.pods.pod import allowed_actions as _allowed
 from podguard.pods.rest_api import RestApi, RestLogStream
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.redact import redact_text

@@ -11,6 +11,7 @@ count, ports and network volume and keeps the name; the sick pod is terminated o
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,16 +19,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from podguard.errors import ExitCode
+from podguard.errors import ExitCode, PodguardError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.mark import Mark, mark_of, name_hash, owned, with_mark
-from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus, Volume
 from podguard.pods.placement import create_first_fit
-from podguard.pods.progress import Progress
+from podguard.pods.pod import Pod, PodAction, PodRequest, PodStatus, Volume
 from podguard.pods.readiness import ReadyOutcome, wait_ready, wait_status
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
+from podguard.state import state_dir, subdir, write_private
 
 __all__ = ["HealResult", "HealStep", "StepRecord", "heal", "heal_record", "replacement_request"]
 
@@ -229,11 +231,6 @@ def heal_record(pod: Pod, result: HealResult) -> dict[str, object]:
 
 def save_heal_record(target_id: str, record: Mapping[str, Any]) -> Path | None:
     """`<state dir>/heal/<time>-<id>.json` (owner-only); None when the state dir cannot take it (best effort)."""
-    import json
-
-    from podguard.errors import PodguardError
-    from podguard.state import state_dir, subdir, write_private
-
     try:
         path = subdir(state_dir(), "heal") / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{target_id}.json"
         write_private(path, json.dumps(record, indent=2, default=str))

@@ -13,7 +13,7 @@ from podguard.pods.api import PodApi
 from podguard.pods.clusters.placement import clusters_named
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.mark import owned
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 from podguard.pods.spec import PodSpec
 
 __all__ = ["refuse_other_kind"]

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import Pod, PodRequest, PodStatus
+from podguard.pods.pod import Pod, PodRequest, PodStatus
 from podguard.pods.retry import RetryPolicy, with_retry
 
 __all__ = ["create_first_fit", "find_pod", "first_fit", "pods_named"]

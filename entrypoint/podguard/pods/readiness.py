@@ -20,8 +20,8 @@ from podguard.errors import ExitCode
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError
 from podguard.pods.follow import LogFollower
-from podguard.pods.model import LogEvent, Pod, PodStatus
-from podguard.pods.progress import Progress
+from podguard.pods.pod import LogEvent, Pod, PodStatus
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["VERDICT_LINE", "ReadyOutcome", "Verdict", "parse_verdict", "wait_ready", "wait_status"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from podguard.durations import format_duration
-from podguard.pods.model import Pod
+from podguard.pods.pod import Pod
 from podguard.pods.proxy import metrics_url
 
 __all__ = ["pod_details", "pod_table"]

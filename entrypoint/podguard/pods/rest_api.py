@@ -16,7 +16,7 @@ from typing import Any
 from podguard.errors import UsageError
 from podguard.pods.auth import ApiKey
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import (
+from podguard.pods.pod import (
     ApiKind,
     CpuInfo,
     GpuInfo,

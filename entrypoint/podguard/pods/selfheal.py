@@ -239,7 +239,7 @@ def restart_pod(healer: Healer, code: int) -> int:
     state.steps.append("restart")
     state.failures = 0
     healer.note("restart", "requested")
-    from podguard.pods.model import PodAction
+    from podguard.pods.pod import PodAction
 
     try:
         _api().act(cfg.pod_id, PodAction.RESTART)
@@ -253,10 +253,10 @@ def restart_pod(healer: Healer, code: int) -> int:
 def replace_pod(healer: Healer, code: int) -> int:
     """Create an identical pod, wait until it is RUNNING, then terminate this one."""
     from podguard.pods.heal import replacement_request
-    from podguard.pods.model import PodAction, PodStatus
     from podguard.pods.placement import create_first_fit
-    from podguard.pods.progress import Progress
+    from podguard.pods.pod import PodAction, PodStatus
     from podguard.pods.readiness import wait_status
+    from podguard.pods.status_lines import Progress
     from podguard.pods.tuning import Tuning
 
     cfg, state = healer.cfg, healer.state

@@ -1,4 +1,4 @@
-"""Pod spec files (`runpod/pod.toml`, PRODUCT.md): parsed and fully checked before any request is sent.
+"""Pod spec files (`runpod/pod.toml`, docs/running-pods.md): parsed and fully checked before any request is sent.
 
     spec = load_spec(Path("runpod/pod.toml"))     # UsageError (exit 64) naming the key and what is valid
     for request in spec.candidates(): ...          # GPU types in order, within each data centre in order
@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from podguard.errors import UsageError
 from podguard.pods.checkpoint_env import checkpoints_env, store_of
-from podguard.pods.clusters.model import CLUSTER_TYPES, MAX_NODES, MIN_NODES, ClusterRequest, ClusterShape
-from podguard.pods.model import CpuInfo, GpuInfo, PodRequest, TemplateRequest, Volume
+from podguard.pods.clusters.cluster import CLUSTER_TYPES, MAX_NODES, MIN_NODES, ClusterRequest, ClusterShape
+from podguard.pods.limits import limits_env
+from podguard.pods.pod import CpuInfo, GpuInfo, PodRequest, TemplateRequest, Volume
 
 __all__ = ["PodSpec", "load_spec", "parse_spec"]
 
@@ -149,8 +151,6 @@ class PodSpec:
 
 def load_spec(path: Path) -> PodSpec:
     """Read and check a spec file; UsageError naming the file, the key and what is valid."""
-    import tomllib
-
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -258,7 +258,6 @@ def parse_spec(data: Mapping[str, Any], *, where: str = "spec") -> PodSpec:
         env=_checkpoints(c, data, _limits(c, data, _env(c, data))),
         ready_timeout_s=_ready(c, data),
     )
-    from dataclasses import replace
 
     shape = _cluster(c, data, spec)  # before [gpu]/[cpu]: a cluster's own refusals come first
     return replace(_compute(c, data, spec), cluster=shape)
@@ -340,8 +339,6 @@ def _env(c: _Checker, data: Mapping[str, Any]) -> dict[str, str]:
 
 def _limits(c: _Checker, data: Mapping[str, Any], env: dict[str, str]) -> dict[str, str]:
     """[limits]: the billing guards and the run's watch, passed to the pod as PODGUARD_* variables (pods/limits.py)."""
-    from podguard.pods.limits import limits_env
-
     return {**env, **limits_env(c.table(data, "limits") or {}, env, where=c.where)}
 
 
@@ -359,8 +356,6 @@ def _ready(c: _Checker, data: Mapping[str, Any]) -> float:
 
 def _compute(c: _Checker, data: Mapping[str, Any], spec: PodSpec) -> PodSpec:
     """The [gpu]/[cpu] and [volume]/[network_volume] tables, and the rules that tie them together."""
-    from dataclasses import replace
-
     gpu_t, cpu_t = c.table(data, "gpu"), c.table(data, "cpu")
     if (gpu_t is None) == (cpu_t is None):
         raise c.fail("[gpu]/[cpu]", "exactly one of the two tables is required (a GPU pod or a CPU pod)")

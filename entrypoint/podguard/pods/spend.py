@@ -5,7 +5,7 @@
 
 RunPod bills by the second while the pod runs; `startedAt` is the pod's start (a restart of the container
 inside it does not move it), so the estimate survives container restarts. `Pod.uptime_s()` and
-`Pod.spent_usd()` (pods/model.py) apply it to a pod.
+`Pod.spent_usd()` (pods/pod.py) apply it to a pod.
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.mark import marked_spec, owned, stranger_line
-from podguard.pods.model import Pod, PodAction, PodStatus
 from podguard.pods.placement import create_first_fit, pods_named
-from podguard.pods.progress import Progress
+from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.readiness import ReadyOutcome, wait_ready
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["UpResult", "pod_up"]

@@ -11,7 +11,7 @@ from podguard.errors import ExitCode
 from podguard.preflight.gate.rules import Finding, GateResult
 
 if TYPE_CHECKING:
-    from podguard.preflight.cleanup.records import CleanupResult
+    from podguard.preflight.cleanup.vocabulary import CleanupResult
 
 __all__ = ["recommendations"]
 

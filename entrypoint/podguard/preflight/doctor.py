@@ -21,14 +21,15 @@ from podguard import __version__
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.pods import thispod
+from podguard.preflight.cleanup.describe import describe_holders
 from podguard.preflight.doctor_table import gpu_table
 from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.rules import GateThresholds, judge_all, scope_to_mig
 from podguard.preflight.gate.stage import confirmed_degraded
 from podguard.preflight.options import PreflightOptions
+from podguard.preflight.report import na
 from podguard.records import to_data
 from podguard.redact import redact_env
-from podguard.report import na
 from podguard.state import state_dir
 from podguard.units import GIB, MIB
 
@@ -118,8 +119,6 @@ def _comm(pid: int) -> str | None:
 
 def _holders(backend: Any, snaps: list[GpuSnapshot], dev_dir: Path) -> dict[str, Any]:
     """Who holds each GPU, with the same evidence rules the cleanup uses (read-only here)."""
-    from podguard.preflight.cleanup.describe import describe_holders
-
     try:
         return describe_holders(
             backend, [s.index for s in snaps], dev_dir=dev_dir, snapshots={s.index: s for s in snaps}

@@ -8,9 +8,9 @@ from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.preflight.options import PreflightOptions
+from podguard.preflight.report import na
 from podguard.preflight.selection import select_for
 from podguard.records import to_data
-from podguard.report import na
 from podguard.units import MIB
 
 __all__ = ["inventory_payload", "read_inventory", "render_inventory"]

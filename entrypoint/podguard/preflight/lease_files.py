@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podguard.gpu.selected import SelectedGpu
-from podguard.locks import flock_supported, local_lock_dir, open_lock, try_flock
 from podguard.procfs import read_stat
 from podguard.redact import redact_text
-from podguard.state import state_dir, subdir
+from podguard.state import flock_supported, local_lock_dir, open_lock, state_dir, subdir, try_flock
 
 __all__ = [
     "LeaseHolder",

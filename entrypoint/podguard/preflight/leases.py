@@ -16,7 +16,6 @@ from pathlib import Path
 
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
-from podguard.locks import NoFlock, holder_command, local_lock_dir
 from podguard.preflight.lease_files import (
     LeaseHolder,
     card_key,
@@ -30,6 +29,7 @@ from podguard.preflight.lease_files import (
     try_lock,
     unlock,
 )
+from podguard.state import NoFlock, holder_command, local_lock_dir
 
 __all__ = [
     "GpuLease",

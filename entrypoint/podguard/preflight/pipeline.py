@@ -15,23 +15,26 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
 from podguard.gpu.selected import Selection
 from podguard.preflight.advice import recommendations
+from podguard.preflight.cleanup.executor import execute_cleanup, plan_cleanup, wait_for_idle
+from podguard.preflight.cleanup.vocabulary import CleanupResult, GpuIdleState
+from podguard.preflight.exclusion import exclude_degraded
+from podguard.preflight.gate import stage
 from podguard.preflight.gate.rules import GateResult, Verdict
+from podguard.preflight.jobs import leased_elsewhere
+from podguard.preflight.lease_files import default_lease_dir
+from podguard.preflight.leases import GpuLease, acquire_gpus
 from podguard.preflight.options import PreflightOptions, validate_options
+from podguard.preflight.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.preflight.selection import mig_scope, select_for, select_gpus
 from podguard.records import to_data
-from podguard.report import Timings, format_summary, redact_data, verdict_word, write_report
 from podguard.state import state_dir
-
-if TYPE_CHECKING:  # imported where used: `gpus`, `health` and CPU-only nodes never need them
-    from podguard.preflight.cleanup.records import CleanupResult, GpuIdleState
-    from podguard.preflight.leases import GpuLease
 
 __all__ = ["COMMANDS_WITH_CLEANUP", "PreflightResult", "run_preflight", "select_for"]
 
@@ -119,12 +122,7 @@ class Preflight:
         """Load the code this command needs up front: interpreter start-up, timed apart from the work."""
         started = time.perf_counter()
         if self.backend_factory is None:
-            import pynvml  # noqa: F401
-        if self.opts.cleanup and self.opts.command in COMMANDS_WITH_CLEANUP:
-            import podguard.preflight.cleanup.executor
-        if self._looks_up_leases:
-            import podguard.preflight.jobs  # other runs' leases
-        import podguard.preflight.gate.stage  # noqa: F401
+            import pynvml  # noqa: F401, PLC0415  lazy: the NVML binding, loaded here so that its cost is timed apart
 
         return round((time.perf_counter() - started) * 1000, 3)
 
@@ -207,8 +205,6 @@ class Preflight:
                 )
                 self.selection = replace(self.selection, gpus=tuple(self.lease.gpus))
         if self._looks_up_leases:
-            from podguard.preflight.jobs import leased_elsewhere
-
             own = self.lease.paths if self.lease is not None else ()
             found = leased_elsewhere(self.selection, self._lease_dir(), own=own)
             self.leased_by_others = found.pids
@@ -224,8 +220,6 @@ class Preflight:
     def _lease_dir(self) -> Path:
         """The lease dir, resolved once per preflight (finding the default probes the volume for flock)."""
         if self.lease_dir is None:
-            from podguard.preflight.lease_files import default_lease_dir
-
             self.lease_dir = self.opts.lease_dir if self.opts.lease_dir is not None else default_lease_dir()
         return self.lease_dir
 
@@ -233,8 +227,6 @@ class Preflight:
         """Lease the selected GPUs so a concurrent run neither lands on them nor "cleans up" our workers.
         An explicit list must be leased exactly (refused, exit 75, or waited for with --wait-for-gpus);
         otherwise any free GPUs of the node will do, as many as selected."""
-        from podguard.preflight.leases import acquire_gpus
-
         assert self.selection is not None
         if self.held is not None:
             return self.held
@@ -260,8 +252,6 @@ class Preflight:
         t = time.perf_counter()
         assert self.selection is not None
         if opts.cleanup and opts.command in COMMANDS_WITH_CLEANUP:
-            from podguard.preflight.cleanup.executor import execute_cleanup, plan_cleanup
-
             plan = plan_cleanup(
                 backend,
                 indices,
@@ -287,8 +277,6 @@ class Preflight:
                 self.waited_s = self.cleanup.timings_ms.get("wait_idle", 0.0) / 1000.0
             self.timings.mark("cleanup", t)
         elif opts.command in ("train", "run"):
-            from podguard.preflight.cleanup.executor import wait_for_idle
-
             self.idle_states = wait_for_idle(
                 backend,
                 indices,
@@ -303,8 +291,6 @@ class Preflight:
             self.timings.mark("wait_idle", t)
 
     def judge(self) -> None:
-        from podguard.preflight.gate import stage
-
         t = time.perf_counter()
         backend, indices, selection = self.backend, self.indices, self.selection
         if backend is None or not indices or selection is None:
@@ -346,8 +332,6 @@ class Preflight:
 
     def _exclude(self, gate: GateResult) -> None:
         """--degraded exclude: run on the rest when it still meets what the job needs (preflight/exclusion.py)."""
-        from podguard.preflight.exclusion import exclude_degraded
-
         assert self.selection is not None
         outcome = exclude_degraded(
             self.selection, gate.excluded, nproc_per_node=self.opts.nproc_per_node, on_fewer=self.opts.on_fewer

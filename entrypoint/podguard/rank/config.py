@@ -8,8 +8,10 @@ bad value and what is valid, never a silent default.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -107,8 +109,6 @@ def validate_value(key: str, value: Any, *, source: str = "config") -> Any:
     """Check one key's value; return it normalised (int for int keys, float for float keys)."""
     where = f"{source}: " if source else ""
     if key not in KEYS:
-        import difflib  # only on the error path: keeps the helpers' import cheap
-
         close = difflib.get_close_matches(key, KEYS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UsageError(f"{where}unknown key {key!r}{hint}; valid keys: {', '.join(KEYS)}")
@@ -146,8 +146,6 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if suffix == ".json":
             data = json.loads(text)
         else:
-            import tomllib
-
             data = tomllib.loads(text)
     except (ValueError, TypeError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         kind = "JSON" if suffix == ".json" else "TOML"

@@ -11,8 +11,11 @@ The reasons: docs/rank.md.
 
 from __future__ import annotations
 
+import datetime
+import gc
 import os
 import re
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +70,7 @@ class RankContext:
         torch does not guess one (the guess is what produces hangs on mis-mapped ranks)."""
         if not self.distributed:
             return
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         if self.backend == "nccl":
             dist.barrier(device_ids=[int(self.device.split(":", 1)[1])])
@@ -78,12 +81,9 @@ class RankContext:
         """Destroy the process group if one exists. Idempotent, and safe when torch was never imported:
         a clean teardown lets NCCL release its resources instead of leaving it to process exit. Drop your
         own references to DDP-wrapped models first (they hold the group)."""
-        import gc
-        import sys
-
         if "torch" not in sys.modules:
             return
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         if dist.is_available() and dist.is_initialized():
             # A DDP wrapper still referenced from a garbage cycle keeps the group alive past this call,
@@ -286,9 +286,7 @@ def _announce_fallback(rank: int, reason: str) -> None:
 
 def _join_group(torch_mod: Any, dist_env: DistEnv, backend: str, dev: _Device, timeout_s: float) -> str:
     """Create the process group (env://, so torchrun's agent store is reused); '' or ' (... ready in Xs)'."""
-    import datetime
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
     if dist.is_initialized():
         return ""
@@ -332,7 +330,7 @@ def init_rank(
     """
     _check_arguments(backend, device, timeout_s, retry_backoff_s)
     dist_env = read_dist_env()
-    import torch
+    import torch  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
     dev = _pick_device(torch, dist_env, device, allow_cpu_fallback, retry_backoff_s)
     chosen = _pick_backend(backend, dev, dist_env)

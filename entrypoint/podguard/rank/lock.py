@@ -22,8 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podguard.errors import ExitCode, PodguardError, UsageError
-from podguard.locks import NoFlock, flock_supported, host_id, local_lock_dir, lock_blocking, open_lock, try_flock
 from podguard.rank._env import current_rank, emit
+from podguard.state import (
+    NoFlock,
+    flock_supported,
+    host_id,
+    local_lock_dir,
+    lock_blocking,
+    open_lock,
+    state_dir,
+    subdir,
+    try_flock,
+)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HELD_FDS: set[int] = set()
@@ -51,8 +61,6 @@ class LockHold:
 
 def lock_dir_default() -> Path:
     """`<state dir>/locks/<host>`: shared by every rank of this host, not by other pods on the volume."""
-    from podguard.state import state_dir, subdir
-
     return subdir(subdir(state_dir(), "locks"), host_id())
 
 

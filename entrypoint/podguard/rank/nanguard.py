@@ -20,6 +20,7 @@ from typing import Any
 
 from podguard.errors import UsageError
 from podguard.rank._env import current_rank, emit
+from podguard.state import state_dir, subdir
 
 POLICIES = ("skip", "stop")
 
@@ -73,13 +74,13 @@ class NanGuard:
     def check(self, step: int, loss: Any, grad_norm: Any = None) -> bool:
         """True: every rank's loss and grad norm are finite, apply the step. False: skip it (on every
         rank). Raises NonFiniteError on every rank when the policy says stop."""
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         device = self._device(loss)
         local_bad = (_nonfinite(torch, loss, device) | _nonfinite(torch, grad_norm, device)).to(torch.float32)
         world, rank = self._world_and_rank()
         if world > 1:
-            import torch.distributed as dist
+            import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
             flags = torch.zeros(world, dtype=torch.float32, device=device)
             flags[rank] = local_bad
@@ -117,7 +118,7 @@ class NanGuard:
     # ------------------------------------------------------------------------------------------------
 
     def _world_and_rank(self) -> tuple[int, int]:
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_world_size(self.group), dist.get_rank(self.group)
@@ -125,7 +126,7 @@ class NanGuard:
 
     def _device(self, loss: Any) -> Any:
         """Where the flag lives: the model's device (nccl needs CUDA tensors), else the loss's."""
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         try:
             return next(iter(self.model.parameters())).device
@@ -164,8 +165,6 @@ class NanGuard:
             }
             directory = self._dump_dir
             if directory is None:
-                from podguard.state import state_dir, subdir
-
                 directory = subdir(state_dir(), "nan")
             directory.mkdir(parents=True, exist_ok=True)
             path = directory / f"nonfinite-step{step:08d}-rank{rank}.json"
@@ -181,7 +180,7 @@ class NanGuard:
 
     def _nonfinite_tensors(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
         """Names and counts of non-finite parameters and gradients (only on bad steps: it is a full scan)."""
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         named = getattr(self.model, "named_parameters", None)
         if named is None:

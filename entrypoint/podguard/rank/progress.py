@@ -7,7 +7,7 @@
 
 Under `podguard train|run` the supervisor gives each worker a small shared file (PODGUARD_HEARTBEAT_FILE) with
 one slot per local rank; `heartbeat()` writes its count, the step and the monotonic time into this process's
-slot through an mmap, and the supervisor reads the slots on its own loop (launch/watch/progress.py). Outside
+slot through an mmap, and the supervisor reads the slots on its own loop (launch/watch/hangs.py). Outside
 podguard (no variable) it does nothing. The slot is PODGUARD_HEARTBEAT_SLOT, else LOCAL_RANK, else the rank of
 torch.distributed's process group where the job initialised it before its first heartbeat (ranks a job starts
 itself with torch.multiprocessing.spawn have neither variable), else 0. The pid is read once (and again, with

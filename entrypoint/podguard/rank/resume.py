@@ -77,12 +77,12 @@ class SaveRequest:
             return False
         flag, self._flag = self._flag, False
         try:
-            import torch.distributed as dist
+            import torch.distributed as dist  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
         except ImportError:
             return flag
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return flag
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch, imported by the job that calls this helper
 
         if device is None and dist.get_backend() == "nccl":  # NCCL reduces CUDA tensors only
             device = torch.device("cuda", torch.cuda.current_device())

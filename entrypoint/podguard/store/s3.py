@@ -77,7 +77,7 @@ def chunk_for(size: int, part: int) -> int:
 
 def _import_boto3() -> Any:
     try:
-        import boto3  # lazy: optional extra (podguard[store]); `podguard run` without a store never pays for it
+        import boto3  # noqa: PLC0415  lazy: boto3, the podguard[store] extra: a run without a store never pays for it
     except ImportError:
         raise UsageError(
             "--checkpoint-store s3://... needs the S3 client: pip install 'podguard[store]' (boto3)"
@@ -90,7 +90,7 @@ class S3Backend:
 
     def __init__(self, url: StoreUrl, *, attempts: int | None = None) -> None:
         boto3 = _import_boto3()
-        from botocore.config import Config  # lazy: optional extra (botocore comes with boto3)
+        from botocore.config import Config  # noqa: PLC0415  lazy: botocore, with boto3 (the podguard[store] extra)
 
         self.store_url = url
         self.url = url.text
@@ -234,7 +234,7 @@ class S3Backend:
     def _transfers(self, part: int) -> Any:
         with self._lock:
             if part not in self._managers:
-                from s3transfer.manager import TransferConfig, TransferManager  # lazy: optional extra
+                from s3transfer.manager import TransferConfig, TransferManager  # noqa: PLC0415  lazy: s3transfer, with boto3 (the podguard[store] extra)
 
                 config = TransferConfig(
                     multipart_threshold=part, multipart_chunksize=part, max_request_concurrency=CONCURRENCY
@@ -252,7 +252,7 @@ class S3Backend:
     def _error(self, exc: BaseException) -> StoreError:
         if isinstance(exc, StoreError):
             return exc
-        from botocore import exceptions as bx  # lazy: optional extra
+        from botocore import exceptions as bx  # noqa: PLC0415  lazy: botocore, with boto3 (the podguard[store] extra)
 
         where = f"{self.url} ({self.endpoint})"
         if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):

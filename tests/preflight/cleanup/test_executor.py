@@ -33,7 +33,7 @@ from podguard.preflight.cleanup.executor import (
     plan_cleanup,
     wait_for_idle,
 )
-from podguard.preflight.cleanup.procfs import ProcStat, scan_processes
+from podguard.preflight.cleanup.process_table import ProcStat, scan_processes
 from procspawn import PY, Spawner, alive, wait_until
 
 GIB = 1 << 30

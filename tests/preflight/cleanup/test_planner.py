@@ -18,8 +18,8 @@ from podguard.errors import UsageError
 from podguard.gpu.backend import GpuProcess
 from podguard.preflight.cleanup.describe import describe_holders
 from podguard.preflight.cleanup.planner import build_plan, plan_cleanup
-from podguard.preflight.cleanup.procfs import scan_processes
-from podguard.preflight.cleanup.records import CleanupPlan, Evidence, PlanConfig
+from podguard.preflight.cleanup.process_table import scan_processes
+from podguard.preflight.cleanup.vocabulary import CleanupPlan, Evidence, PlanConfig
 from procspawn import PY, Spawner, alive, synthetic, synthetic_table, wait_until
 
 GIB = 1 << 30

@@ -11,7 +11,7 @@ import sys
 
 from fakenvml import NvmlNode, pid_alive, wait_until
 from podguard.preflight.cleanup.executor import execute_cleanup, plan_cleanup
-from podguard.preflight.cleanup.procfs import scan_processes
+from podguard.preflight.cleanup.process_table import scan_processes
 
 PODGUARD = [sys.executable, "-m", "podguard"]
 

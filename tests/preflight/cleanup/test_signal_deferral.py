@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from fakenvml import NvmlNode, wait_until
-from podguard.preflight.cleanup.procfs import read_stat
+from podguard.preflight.cleanup.process_table import read_stat
 
 CLEANUP = textwrap.dedent(
     """

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import shlex
+import tomllib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -369,8 +370,6 @@ def load_roles(
     log_dir: Path | None = None,
 ) -> RolesPlan:
     """Read and validate a TOML job file (UsageError, exit 64, on any mistake)."""
-    import tomllib  # lazily: only the roles mode needs it
-
     path = Path(job_file)
     try:
         with path.open("rb") as fh:

@@ -54,8 +54,8 @@ class ReadyHow(StrEnum):
 
 def _poll_url(url: str, stop: threading.Event, on_ready: Callable[[], None]) -> None:
     """Poll `url` until it answers 2xx/3xx; backoff 0.1 s doubling to 2 s. No proxies: it is local."""
-    import urllib.error  # lazily: 30 ms of imports that only the roles mode needs
-    import urllib.request
+    import urllib.error  # noqa: PLC0415  lazy: urllib.request: ~30 ms of imports that only the roles mode needs
+    import urllib.request  # noqa: PLC0415  lazy: urllib.request: ~30 ms of imports that only the roles mode needs
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     delay = _URL_POLL_FIRST_S

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from podguard.errors import DEFAULT_GRACE_S
-from podguard.launch.watch.progress import Hang
+from podguard.launch.watch.flight import trigger_flight_dump
+from podguard.launch.watch.hangs import Hang
+from podguard.launch.watch.stacks import capture_ranks, find_rank_processes, hang_summary
 
 __all__ = ["HANG_END_S", "LOOP_WRITE_S", "HangEvidence", "evidence_deadline_s", "hang_grace_s", "write_json"]
 
-HANG_END_S = 60.0  # a hung job is ended within --hang-timeout + this (PRODUCT.md); PODGUARD_HANG_END_S: tests
+HANG_END_S = 60.0  # a hung job is ended within --hang-timeout + this (docs/watch.md); PODGUARD_HANG_END_S: tests
 LOOP_WRITE_S = 0.5  # a record written from the supervisor's loop: waited for at most this long
 END_MARGIN_S = 8.0  # after the grace: leftovers (2 s), the pipes (0.5 s), the output (3 s), the watch's close
 
@@ -108,9 +110,6 @@ class HangEvidence:
     def _collect(self) -> None:
         """Every rank's stacks first (milliseconds, while everything is as it hung), then torch's flight recorder
         through its pipe (seconds: torch symbolizes its dump)."""
-        from podguard.launch.watch.flight import trigger_flight_dump
-        from podguard.launch.watch.stacks import capture_ranks, find_rank_processes, hang_summary
-
         self.dir.mkdir(parents=True, exist_ok=True)
         gpus = {name: self.worker_gpus.get(name, ()) for name in self.pids}
         targets = [self._with_gpu(t) for t in find_rank_processes(self.pids, gpus=gpus)]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.metadata
 import os
 import re
 import stat
@@ -96,6 +95,8 @@ def installed_torch_version(python: str | None = None) -> str | None:
     """The torch version `python` (default: this one) would import, read from its metadata without importing
     torch; None when there is no torch or it cannot be told."""
     if python is None or python == sys.executable:
+        import importlib.metadata  # noqa: PLC0415  lazy: ~20 ms (email, csv, zipfile) only --hang-timeout needs
+
         try:
             return importlib.metadata.version("torch")
         except importlib.metadata.PackageNotFoundError:

@@ -7,7 +7,7 @@
         if fault.fatal: ...            # end the job, exit 76
     watch.close()
 
-What is watched (NVML only, no CUDA context; PRODUCT.md "During the run"), per poll:
+What is watched (NVML only, no CUDA context; docs/watch.md, "GPU faults"), per poll:
 - critical Xid events, from one NVML event set kept open for the run and drained with a 0 ms wait: fatal per
   FATAL_XIDS, application-level per APPLICATION_XIDS (printed, never acted on), any other reported, not fatal;
 - a GPU lost (NVML answers GPU_IS_LOST): fatal, named as lost, with the Xid that came on that GPU, if one did;
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podguard.gpu.backend import GpuBackend, GpuHealth, NvmlUnavailable, XidEvent, XidSubscription
+from podguard.gpu.nvml import NvmlBackend
 from podguard.gpu.nvml_support import error_code, error_name
 from podguard.gpu.xids import APPLICATION_XIDS as _APPLICATION
 from podguard.gpu.xids import RUN_FATAL_XIDS, XID_MEANINGS, xid_meaning
@@ -48,7 +49,7 @@ log = logging.getLogger("podguard.watch")
 # on 8 GPUs costs ~1 ms of Python + NVML, so 1 s keeps it near 0.1 % of a core (bench/bench_gpu_watch.py).
 POLL_INTERVAL_S = 1.0
 
-# NVIDIA's Xid catalogue (gpu/xids.py): the Xids that end the job (PRODUCT.md), the application-level ones (the job's
+# NVIDIA's Xid catalogue (gpu/xids.py): the Xids that end the job (docs/watch.md), the application-level ones (the job's
 # own fault on a healthy GPU: printed naming the GPU, never acted on), and the others the text names.
 FATAL_XIDS: dict[int, str] = {xid: XID_MEANINGS[xid] for xid in sorted(RUN_FATAL_XIDS)}
 APPLICATION_XIDS: dict[int, str] = {xid: XID_MEANINGS[xid] for xid in sorted(_APPLICATION)}
@@ -293,8 +294,6 @@ def open_gpu_fault_watch(
     if not gpus:
         return None
     try:
-        from podguard.gpu.nvml import NvmlBackend
-
         backend = NvmlBackend(library_path=library_path)
     except NvmlUnavailable as exc:
         log.debug("GPU fault watch off: %s", exc.message)

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from podguard.durations import format_duration
+from podguard.launch.watch.hangs import Hang, ProgressWatch
 from podguard.launch.watch.probe import RankProbe, waits
-from podguard.launch.watch.progress import Hang, ProgressWatch
 from podguard.launch.watch.stacks import StackTarget
 from podguard.launch.watch.verdict import group_ranks
 

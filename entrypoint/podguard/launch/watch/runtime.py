@@ -6,7 +6,7 @@
 
 One timer on the supervisor's loop (every `tick_s`): read the heartbeat board (/dev/shm: board.py), take what
 the GPU fault watch's thread found (NVML never runs on the loop: gpu_poller.py), take the other nodes' progress
-on a multi-node run (launch/cluster/share.py), check progress and stragglers. Output lines reach
+on a multi-node run (launch/multinode/share.py), check progress and stragglers. Output lines reach
 `ProgressWatch` through the printer's line callbacks. When the job is hung: one line saying so, the evidence
 (every worker's Python stacks, then torch's flight recorder) taken on a helper thread (evidence.py), a short
 per-rank summary, a JSON record under the run's `hang/` folder, then the job is ended with 79 — at a deadline
@@ -38,16 +38,19 @@ from podguard.launch.watch.evidence import (
     write_json,
 )
 from podguard.launch.watch.filters import PipelineFilters
+from podguard.launch.watch.flight import flight_recorder_env, installed_torch_version
+from podguard.launch.watch.gpu_faults import POLL_INTERVAL_S, open_gpu_fault_watch
 from podguard.launch.watch.gpu_poller import NVML_STALL_S, GpuPoller
-from podguard.launch.watch.progress import Hang, ProgressWatch
+from podguard.launch.watch.hangs import Hang, ProgressWatch
 from podguard.launch.watch.quiet_ranks import QuietRanks
 from podguard.launch.watch.stragglers import StepRates
+from podguard.procfs import read_stat
 from podguard.rank.progress import ENV_FILE, Beat
 
 if TYPE_CHECKING:
     from podguard.gpu.backend import GpuBackend
-    from podguard.launch.cluster.model import GateSettings
-    from podguard.launch.cluster.share import ProgressShare
+    from podguard.launch.multinode.share import ProgressShare
+    from podguard.launch.multinode.verdicts import GateSettings
     from podguard.launch.supervisor import Supervisor
     from podguard.launch.watch.gpu_faults import GpuFault, GpuFaultWatch
 
@@ -135,8 +138,6 @@ class RuntimeWatch:
         self.board = self._placed.path
         env = {ENV_FILE: str(self.board)} if self.board is not None else {}
         if self.settings.hang_timeout_s is not None:
-            from podguard.launch.watch.flight import flight_recorder_env, installed_torch_version
-
             version = installed_torch_version(self.settings.python)
             armed = flight_recorder_env(self.evidence_dir / "flight", os.environ, torch_version=version)
             self.flight = bool(armed)
@@ -152,12 +153,10 @@ class RuntimeWatch:
         sup.printer.watch_activity(self._activity)
         self._open_gpu_watch()
         if self.settings.cluster is not None and self._share is None:  # a hang is the job's verdict, not a node's
-            from podguard.launch.cluster.share import share_or_none
+            from podguard.launch.multinode.share import share_or_none  # noqa: PLC0415  lazy: multi-node runs only
 
             self._share = share_or_none(self.settings.cluster, lambda: self.progress.events, say=self._say_later)
         if self._gpu_watch is not None and self._poller is None:  # NVML off the loop: its own thread
-            from podguard.launch.watch.gpu_faults import POLL_INTERVAL_S
-
             self._poller = GpuPoller(
                 self._gpu_watch, min(self.settings.tick_s, POLL_INTERVAL_S), after_poll=self._after_gpu_poll,
                 on_faults=lambda: self._on_loop(self._poll_faults),
@@ -167,8 +166,6 @@ class RuntimeWatch:
 
     def _open_gpu_watch(self) -> None:
         if self._gpu_watch is None and self.settings.gpus and not self._gpu_watch_tried:
-            from podguard.launch.watch.gpu_faults import open_gpu_fault_watch
-
             self._gpu_watch_tried = True
             self._gpu_watch = open_gpu_fault_watch(self.settings.gpus)
 
@@ -436,7 +433,6 @@ def _pid_alive(pid: int) -> bool:
     """A rank's process still runs (not gone, not a zombie); an unknown pid (0) counts as alive."""
     if pid <= 0:
         return True
-    from podguard.procfs import read_stat
 
     stat = read_stat(pid)
     return stat is not None and stat.state != "Z"

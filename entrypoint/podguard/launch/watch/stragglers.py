@@ -4,7 +4,7 @@
     board.observe(slot, step, at)          # each new heartbeat with a step (the supervisor's loop)
     for s in board.check(now): ...         # Straggler(slot, rate, median, ...) when it became slow
 
-A rank's rate is measured over its last 20 steps or 5 minutes, whichever is shorter (PRODUCT.md); it is slow
+A rank's rate is measured over its last 20 steps or 5 minutes, whichever is shorter (docs/watch.md); it is slow
 when its rate is below `ratio` x the median of its peers' rates (the other ranks with a rate)
 at `PERSIST` consecutive checks: one slow interval (a checkpoint, an eval) is not a straggler. A rank is
 warned about each time it becomes slow, and recorded once (`named`: one SlowRank per rank, with how many times

@@ -3,7 +3,7 @@
     up(client, spec, timeout_s=..., wait=True, as_json=True, tuning=..., progress=...)
     show(client, cluster, as_json=True)
 
-Output follows PRODUCT.md: `--json` is the pod keys (gpu per node, cost_per_hr the sum, ssh the primary's)
+Output follows docs/formats.md: `--json` is the pod keys (gpu per node, cost_per_hr the sum, ssh the primary's)
 plus `"nodes"` and `"members"` (pod objects with `"rank"`); failures exit with the pod commands' codes.
 """
 
@@ -14,14 +14,21 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from podguard.errors import ExitCode, PodguardError
+from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Cluster, Member, cluster_view
-from podguard.pods.clusters.readiness import ClusterOutcome
-from podguard.pods.clusters.rest import ClusterApi, cluster_api, not_a_cluster_action
-from podguard.pods.model import PodAction
-from podguard.pods.progress import Progress
+from podguard.pods.clusters.cluster import Cluster, Member, cluster_view
+from podguard.pods.clusters.heal import cluster_heal, cluster_heal_record
+from podguard.pods.clusters.logs import cluster_log_events, pick_nodes
+from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
+from podguard.pods.clusters.render import cluster_details, listing_table
+from podguard.pods.clusters.rest import ClusterApi, cluster_api, member_refused, not_a_cluster_action
+from podguard.pods.clusters.target import listing
+from podguard.pods.clusters.up import cluster_up
+from podguard.pods.errors import ApiError, ApiErrorKind
+from podguard.pods.pod import PodAction, public_view
 from podguard.pods.spec import PodSpec
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["act_on_member", "down", "heal", "list_all", "logs", "refuse_action", "show", "up", "wait"]
@@ -33,8 +40,6 @@ def _emit(data: Any) -> None:
 
 
 def _print(cluster: Cluster, members: list[Member], as_json: bool, extra: dict[str, Any] | None = None) -> None:
-    from podguard.pods.clusters.render import cluster_details
-
     if as_json:
         _emit({**cluster_view(cluster, members), **(extra or {})})
     else:
@@ -82,8 +87,6 @@ def up(
     progress: Progress,
     adopt: tuple[str, ...] = (),
 ) -> None:
-    from podguard.pods.clusters.up import cluster_up
-
     api = cluster_api(client)
     result = cluster_up(api, spec, timeout_s=timeout_s, wait=wait, tuning=tuning, progress=progress, adopt=adopt)
     progress.close()
@@ -97,8 +100,6 @@ def up(
 def wait(
     client: PodApi, cluster: Cluster, *, timeout_s: float, as_json: bool, tuning: Tuning, progress: Progress
 ) -> None:
-    from podguard.pods.clusters.readiness import wait_cluster_ready
-
     outcome = wait_cluster_ready(cluster_api(client), cluster.id, timeout_s=timeout_s, tuning=tuning, progress=progress)
     progress.close()
     _print(outcome.cluster, outcome.members, as_json, _ready_extra(outcome))
@@ -108,10 +109,6 @@ def wait(
 
 def list_all(client: PodApi, *, as_json: bool) -> None:
     """Pods and clusters: one item per cluster (with "nodes"); its members are not listed as pods."""
-    from podguard.pods.clusters.render import listing_table
-    from podguard.pods.clusters.target import listing
-    from podguard.pods.model import public_view
-
     pods, clusters = listing(client)
     if as_json:
         _emit([public_view(p) for p in pods] + [cluster_view(c, m) for c, m in clusters])
@@ -122,8 +119,6 @@ def list_all(client: PodApi, *, as_json: bool) -> None:
 def logs(
     client: PodApi, cluster: Cluster, *, node: int | None, tail: int, follow: bool, as_json: bool, tuning: Tuning
 ) -> None:
-    from podguard.pods.clusters.logs import cluster_log_events, pick_nodes
-
     api: ClusterApi = cluster_api(client)
     members = pick_nodes(api.members(cluster.id), node, cluster.name)
     for rank, event in cluster_log_events(api, members, tail=tail, follow=follow, tuning=tuning):
@@ -140,11 +135,6 @@ def refuse_action(cluster: Cluster, action: PodAction) -> PodguardError:
 def act_on_member(client: PodApi, member: Member, action: PodAction) -> Any:
     """An action on one node's pod: RunPod may allow it; a refusal (409, 400 or 403: `member_refused`) is one line
     naming the cluster's own commands (64)."""
-    from podguard.errors import UsageError
-    from podguard.pods.actions import act_on
-    from podguard.pods.clusters.rest import member_refused
-    from podguard.pods.errors import ApiError
-
     try:
         return act_on(client, member.pod, action)
     except (UsageError, ApiError) as exc:
@@ -160,8 +150,6 @@ def act_on_member(client: PodApi, member: Member, action: PodAction) -> Any:
 
 
 def down(client: PodApi, cluster: Cluster, *, as_json: bool) -> None:
-    from podguard.pods.errors import ApiError, ApiErrorKind
-
     api = cluster_api(client)
     try:
         api.delete_cluster(cluster.id)
@@ -186,8 +174,6 @@ def heal(
     progress: Progress,
 ) -> dict[str, Any]:
     """Run the cluster heal; print the result; return the heal record (the CLI saves it). Raises on failure."""
-    from podguard.pods.clusters.heal import cluster_heal, cluster_heal_record
-
     result = cluster_heal(
         cluster_api(client), cluster, replace=replace, timeout_s=timeout_s, tuning=tuning, progress=progress
     )

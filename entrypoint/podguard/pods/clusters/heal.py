@@ -21,15 +21,15 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from podguard.errors import ExitCode, PodguardError
-from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
+from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
 from podguard.pods.clusters.placement import create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi, member_refused
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.heal import HealStep, StepRecord
 from podguard.pods.mark import Mark, mark_of, name_hash, with_mark
-from podguard.pods.model import PodAction, PodStatus
-from podguard.pods.progress import Progress
+from podguard.pods.pod import PodAction, PodStatus
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterHealResult", "cluster_heal", "cluster_heal_record", "replacement_cluster"]

@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator, Sequence
 
 from podguard.errors import UsageError
-from podguard.pods.clusters.model import Member
+from podguard.pods.clusters.cluster import Member
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.clusters.streams import NodeStreams
 from podguard.pods.errors import ApiError
-from podguard.pods.model import LogEvent
+from podguard.pods.pod import LogEvent
 from podguard.pods.tuning import Tuning
 
 __all__ = ["cluster_log_events", "pick_nodes"]

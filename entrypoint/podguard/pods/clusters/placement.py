@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from podguard.errors import UsageError
-from podguard.pods.clusters.model import Cluster, ClusterRequest
+from podguard.pods.clusters.cluster import Cluster, ClusterRequest
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.errors import ApiErrorKind
 from podguard.pods.placement import first_fit

@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass, field
 
 from podguard.errors import ExitCode
-from podguard.pods.clusters.model import Cluster, Member
+from podguard.pods.clusters.cluster import Cluster, Member
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.clusters.streams import NodeStreams, prefixed
 from podguard.pods.errors import ApiError
-from podguard.pods.model import LogEvent, PodStatus
-from podguard.pods.progress import Progress
+from podguard.pods.pod import LogEvent, PodStatus
 from podguard.pods.readiness import BACKFILL_WITHOUT_START, Verdict, parse_verdict
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterOutcome", "wait_cluster_ready"]

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from podguard.durations import format_duration
-from podguard.pods.clusters.model import Cluster, Member, cluster_view
-from podguard.pods.model import Pod
+from podguard.pods.clusters.cluster import Cluster, Member, cluster_view
+from podguard.pods.pod import Pod
 from podguard.pods.render import TABLE_HEADER, _printable, aligned, pod_row
 
 __all__ = ["cluster_details", "listing_table"]

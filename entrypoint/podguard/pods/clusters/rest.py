@@ -18,9 +18,9 @@ from typing import Any
 
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
+from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import GpuInfo, Pod
+from podguard.pods.pod import GpuInfo, Pod
 from podguard.pods.rest_api import RestApi, answer_field, mounts_body, parse_answer, pod_from_rest, too_large
 from podguard.pods.retry import RetryPolicy
 from podguard.pods.transport import path_of

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Member
+from podguard.pods.clusters.cluster import Member
 from podguard.pods.errors import ApiError
 from podguard.pods.follow import LogFollower
-from podguard.pods.model import LogEvent
+from podguard.pods.pod import LogEvent
 from podguard.pods.tuning import Tuning
 
 __all__ = ["NodeStreams", "prefixed"]

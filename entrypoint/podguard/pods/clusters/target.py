@@ -10,12 +10,13 @@ commands treat as that node's pod (status, logs, wait) or, for actions, as a nod
 from __future__ import annotations
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Cluster, Member
+from podguard.pods.clusters.cluster import Cluster, Member
 from podguard.pods.clusters.placement import find_cluster
-from podguard.pods.clusters.rest import cluster_api
+from podguard.pods.clusters.rest import cluster_api, member_from_rest
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import Pod, PodStatus
 from podguard.pods.placement import find_pod
+from podguard.pods.pod import Pod, PodStatus
+from podguard.pods.rest_api import RestApi, parse_answer, pod_from_rest
 
 __all__ = ["find_target", "listing"]
 
@@ -42,9 +43,6 @@ def listing(api: PodApi) -> tuple[list[Pod], list[tuple[Cluster, list[Member]]]]
 
     Over REST: one `GET /v2/pods?includeClusterPods=true` and one `GET /v2/clusters`, whatever the
     number of clusters."""
-    from podguard.pods.clusters.rest import member_from_rest
-    from podguard.pods.rest_api import RestApi, parse_answer, pod_from_rest
-
     clusters_api = cluster_api(api)
     if isinstance(api, RestApi):
         objects = api.list_pod_objects(include_cluster_pods=True)

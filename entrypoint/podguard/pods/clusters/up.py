@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from podguard.errors import UsageError
-from podguard.pods.clusters.model import Cluster
+from podguard.pods.clusters.cluster import Cluster
 from podguard.pods.clusters.placement import clusters_named, create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.kinds import refuse_other_kind
+from podguard.pods.limits import GUARD_KEYS, LIMIT_KEYS
 from podguard.pods.mark import marked_spec, owned
-from podguard.pods.progress import Progress
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
+from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterUpResult", "cluster_up", "guards_on"]
@@ -36,8 +37,6 @@ class ClusterUpResult:
 
 def guards_on(env: Mapping[str, str]) -> list[str]:
     """The billing guards the pods' environment turns on (from `[limits]` or `[env]`; `0`/`off` is off)."""
-    from podguard.pods.limits import GUARD_KEYS, LIMIT_KEYS
-
     on = []
     for variable, parse, _valid in (LIMIT_KEYS[key] for key in GUARD_KEYS):
         if variable not in env:

@@ -20,14 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Cluster, ClusterRequest
+from podguard.pods.clusters.cluster import Cluster, ClusterRequest
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.fence import Fence
 from podguard.pods.keeper.intent_store import rest_of
 from podguard.pods.keeper.interrupt import held
-from podguard.pods.model import Pod, PodAction, PodRequest, PodStatus
 from podguard.pods.placement import first_fit
+from podguard.pods.pod import Pod, PodAction, PodRequest, PodStatus
 from podguard.pods.retry import with_retry
 from podguard.pods.tuning import Tuning
 

@@ -38,8 +38,8 @@ from podguard.pods.keeper.intent import Intent, Word, new_keep_id, spoken, why_n
 from podguard.pods.keeper.intent_store import IntentStore
 from podguard.pods.keeper.record import iso_now
 from podguard.pods.mark import marked_spec, owned, stranger_line
-from podguard.pods.model import Pod, PodAction, PodStatus
 from podguard.pods.placement import create_first_fit
+from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
 

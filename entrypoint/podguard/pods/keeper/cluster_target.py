@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
-from podguard.pods.clusters.model import Cluster, ClusterRequest, Member
+from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.clusters.streams import NodeStreams
 from podguard.pods.keeper.actuate import Actuator
@@ -26,7 +26,7 @@ from podguard.pods.keeper.record import KeepState, NodeMark
 from podguard.pods.keeper.spec_change import spec_changes
 from podguard.pods.keeper.target import Scan, not_confirmed
 from podguard.pods.mark import marked_spec, owned
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 from podguard.pods.readiness import BACKFILL_WITHOUT_START
 from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning

@@ -47,7 +47,7 @@ from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.registry import Refused, Unregistered, register
 from podguard.pods.keeper.target import PodTarget, Target
 from podguard.pods.kinds import refuse_other_kind
-from podguard.pods.model import public_view
+from podguard.pods.pod import public_view
 from podguard.pods.spec import PodSpec, load_spec
 from podguard.pods.tuning import Tuning
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 __all__ = ["Plan", "Seen", "converge", "pick"]
 

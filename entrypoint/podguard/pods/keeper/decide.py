@@ -29,7 +29,7 @@ from podguard.durations import format_duration
 from podguard.errors import ExitCode
 from podguard.outcome_lines import EndKind
 from podguard.pods.keeper.lines import Cue, CueKind
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 __all__ = [
     "CRASH_RESTARTS",

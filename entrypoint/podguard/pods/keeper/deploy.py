@@ -35,7 +35,7 @@ from podguard.pods.keeper.intent_store import IntentStore
 from podguard.pods.keeper.options import KNOBS
 from podguard.pods.keeper.registry import Entry, entries
 from podguard.pods.mark import owned, stranger_line
-from podguard.pods.model import CpuInfo, Pod, PodAction, PodStatus
+from podguard.pods.pod import CpuInfo, Pod, PodAction, PodStatus
 from podguard.pods.spec import PodSpec, parse_spec
 from podguard.pods.tuning import TUNING_ENV
 

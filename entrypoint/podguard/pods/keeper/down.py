@@ -18,14 +18,14 @@ from typing import Any
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.pods.actions import ActionResult, act_on
 from podguard.pods.api import PodApi
+from podguard.pods.clusters.cluster import Cluster
 from podguard.pods.clusters.commands import act_on_member
-from podguard.pods.clusters.model import Cluster
 from podguard.pods.clusters.rest import cluster_api, not_a_cluster_action
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.intent import Word
 from podguard.pods.keeper.sweep import Ended, end_name
 from podguard.pods.mark import owned, stranger_line
-from podguard.pods.model import PodAction, PodStatus, public_view
+from podguard.pods.pod import PodAction, PodStatus, public_view
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ByRef", "down_or_stop", "end_by_ref"]

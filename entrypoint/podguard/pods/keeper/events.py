@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from podguard.pods.keeper.notify import Notifier
 from podguard.pods.keeper.record import KeepStore
-from podguard.pods.progress import Progress
+from podguard.pods.status_lines import Progress
 from podguard.redact import redact_text
 
 __all__ = ["FINAL", "Events"]

@@ -4,7 +4,7 @@
     cue.kind, cue.word, cue.code          # Cue.END, "success", 0
 
 Four lines count, each defined where the pod prints it (formats kept stable: docs/running-pods.md):
-- the preflight summary's first line, `podguard <train|run>: <PASS|BUSY|UNHEALTHY|FAIL> ...` (report.py);
+- the preflight summary's first line, `podguard <train|run>: <PASS|BUSY|UNHEALTHY|FAIL> ...` (preflight/report.py);
 - the END line, exactly one per `train`/`run` when the outcome is known,
   `podguard <train|run>: END <kind> exit <code> after <n> attempt(s)[: detail]` (outcome_lines.py);
 - a RESTART line, `podguard <train|run>: RESTART <n> of <N> in <s> s after ...`: an in-pod relaunch, not the end;

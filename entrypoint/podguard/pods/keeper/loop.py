@@ -32,7 +32,7 @@ from podguard.pods.keeper.reconcile import Reconciling
 from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.recovery import FAST_WINDOW_S
 from podguard.pods.keeper.target import Target
-from podguard.pods.model import LogEvent, PodStatus
+from podguard.pods.pod import LogEvent, PodStatus
 from podguard.pods.spec import PodSpec
 
 __all__ = ["KeepOptions", "KeepResult", "Keeper"]

@@ -19,7 +19,7 @@ from podguard.pods.keeper.decide import Observed
 from podguard.pods.keeper.ending import KeepResult
 from podguard.pods.keeper.recovery import Recovering
 from podguard.pods.keeper.target import Scan
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 __all__ = ["Reconciling"]
 

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from podguard.errors import PodguardError, UsageError
-from podguard.locks import NoFlock, open_lock, try_flock
 from podguard.redact import redact_text
-from podguard.state import state_dir, subdir, write_private
+from podguard.state import NoFlock, open_lock, state_dir, subdir, try_flock, write_private
 
 __all__ = ["KeepState", "KeepStore", "NodeMark", "iso_now", "safe_name"]
 

@@ -22,7 +22,7 @@ from podguard.pods.keeper.converge import pick
 from podguard.pods.keeper.decide import Act, Decision, Observed
 from podguard.pods.keeper.ending import TRANSIENT, Ending, KeepResult
 from podguard.pods.keeper.target import not_confirmed
-from podguard.pods.model import PodStatus
+from podguard.pods.pod import PodStatus
 
 __all__ = ["FAST_WINDOW_S", "Recovering", "comes_back_from"]
 

@@ -11,7 +11,7 @@ than the edited spec asks is not fewer than the pod was made with.
 from __future__ import annotations
 
 from podguard.pods.mark import ENV_MARK, mark_of, spec_hash
-from podguard.pods.model import Pod
+from podguard.pods.pod import Pod
 from podguard.pods.spec import PodSpec
 
 __all__ = ["spec_changes"]

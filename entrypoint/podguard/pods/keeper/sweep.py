@@ -34,7 +34,7 @@ from podguard.pods.keeper.intent_store import IntentStore
 from podguard.pods.keeper.record import iso_now
 from podguard.pods.keeper.registry import end_local_keepers
 from podguard.pods.mark import owned
-from podguard.pods.model import Pod, PodAction, PodStatus
+from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.tuning import Tuning
 
 __all__ = ["Ended", "end_name", "land_s"]

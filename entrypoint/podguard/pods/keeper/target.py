@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.model import Member
+from podguard.pods.clusters.cluster import Member
 from podguard.pods.clusters.streams import NodeStreams
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.actuate import Actuator
@@ -28,7 +28,7 @@ from podguard.pods.keeper.decide import NodeState, Observed
 from podguard.pods.keeper.record import KeepState, NodeMark
 from podguard.pods.keeper.spec_change import spec_changes
 from podguard.pods.mark import mark_of, marked_spec, owned, stranger_line
-from podguard.pods.model import Pod, PodRequest, PodStatus
+from podguard.pods.pod import Pod, PodRequest, PodStatus
 from podguard.pods.readiness import BACKFILL_WITHOUT_START
 from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning

@@ -22,7 +22,7 @@ from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi, open_api
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.model import Pod, PodAction
+from podguard.pods.pod import Pod, PodAction
 from podguard.pods.tuning import Tuning
 
 __all__ = ["Ended", "end_billing", "request_end"]

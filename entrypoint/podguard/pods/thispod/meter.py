@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from podguard.pods.api import open_api
 from podguard.pods.clusters.rest import cluster_api
-from podguard.pods.model import Pod
+from podguard.pods.pod import Pod
 from podguard.pods.spend import seconds_since
 
 __all__ = ["Budget", "Meter", "budget_from", "read_budget", "read_price"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from podguard.preflight.cleanup.records import (
+from podguard.preflight.cleanup.policy import Policy
+from podguard.preflight.cleanup.process_table import scan_processes
+from podguard.preflight.cleanup.vocabulary import (
     CleanupPlan,
     GpuIdleState,
     GpuState,
@@ -97,9 +99,6 @@ def recommend(
 def starters_still_running(actions: Sequence[KillRecord], config: PlanConfig) -> list[str]:
     """Name the still-running parents of stopped jobs that could start them again (a `while true` loop in
     a wrapper script): podguard stops them only once it sees them respawn, so the user should know."""
-    from podguard.preflight.cleanup.policy import Policy
-    from podguard.preflight.cleanup.procfs import scan_processes
-
     roots = {a.tree: a for a in actions if a.pid == a.tree and a.stopped}
     if not roots:
         return []

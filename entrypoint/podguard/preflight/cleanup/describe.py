@@ -12,7 +12,7 @@ from typing import Any
 
 from podguard.gpu.backend import GpuBackend, GpuSnapshot
 from podguard.preflight.cleanup.planner import plan_cleanup, short
-from podguard.preflight.cleanup.records import Evidence
+from podguard.preflight.cleanup.vocabulary import Evidence
 from podguard.units import describe_memory
 
 __all__ = ["describe_holders"]

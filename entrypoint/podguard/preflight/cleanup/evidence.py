@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from podguard.gpu.backend import GpuProcess
-from podguard.preflight.cleanup.procfs import ProcessTable, ProcInfo
-from podguard.preflight.cleanup.records import Evidence, ForeignProcess, Holder, PlanConfig, SkipCode, Skipped
+from podguard.preflight.cleanup.process_table import ProcessTable, ProcInfo
+from podguard.preflight.cleanup.vocabulary import Evidence, ForeignProcess, Holder, PlanConfig, SkipCode, Skipped
 
 __all__ = [
     "FdEvidence",

@@ -24,8 +24,9 @@ from podguard.preflight.cleanup.evidence import short
 from podguard.preflight.cleanup.idle import BACKOFF_CAP_S, BACKOFF_START_S, IdleWatch, Progress, wait_for_idle
 from podguard.preflight.cleanup.planner import plan_cleanup, replan
 from podguard.preflight.cleanup.policy import Policy
-from podguard.preflight.cleanup.procfs import ProcessTable, scan_processes, ticks_now
-from podguard.preflight.cleanup.records import (
+from podguard.preflight.cleanup.process_table import ProcessTable, scan_processes, ticks_now
+from podguard.preflight.cleanup.stopround import StopRound
+from podguard.preflight.cleanup.vocabulary import (
     CleanupPlan,
     CleanupResult,
     ForeignProcess,
@@ -37,7 +38,6 @@ from podguard.preflight.cleanup.records import (
     SkipCode,
     Skipped,
 )
-from podguard.preflight.cleanup.stopround import StopRound
 
 __all__ = ["CleanupRun", "CleanupSettings", "Phase", "cleanup", "execute_cleanup", "plan_cleanup", "wait_for_idle"]
 

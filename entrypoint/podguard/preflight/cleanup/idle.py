@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from podguard.gpu.backend import GpuBackend, GpuProcess, GpuQueryError
 from podguard.preflight.cleanup.devices import resolve_dev_dir
 from podguard.preflight.cleanup.planner import build_plan, gpu_list, short
-from podguard.preflight.cleanup.procfs import ProcessTable, scan_processes
-from podguard.preflight.cleanup.records import Evidence, GpuIdleState, GpuState, PlanConfig
+from podguard.preflight.cleanup.process_table import ProcessTable, scan_processes
+from podguard.preflight.cleanup.vocabulary import Evidence, GpuIdleState, GpuState, PlanConfig
 from podguard.units import MIB, describe_memory
 
 __all__ = ["IdleWatch", "Progress", "wait_for_idle"]

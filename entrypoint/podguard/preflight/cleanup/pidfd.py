@@ -15,8 +15,8 @@ import select
 import signal
 import time
 
-from podguard.preflight.cleanup.procfs import read_stat
-from podguard.preflight.cleanup.records import KillRecord, Outcome, Target
+from podguard.preflight.cleanup.process_table import read_stat
+from podguard.preflight.cleanup.vocabulary import KillRecord, Outcome, Target
 
 __all__ = ["PinnedProcess"]
 

@@ -20,9 +20,9 @@ from podguard.gpu.backend import GpuBackend, GpuProcess, GpuQueryError, GpuSnaps
 from podguard.preflight.cleanup.devices import resolve_dev_dir
 from podguard.preflight.cleanup.evidence import NvmlLists, fd_evidence, find_holders, gpu_list, nvml_crosscheck, short
 from podguard.preflight.cleanup.policy import Policy
-from podguard.preflight.cleanup.procfs import ProcessTable, scan_processes
-from podguard.preflight.cleanup.records import CleanupPlan, PlanConfig, SkipCode
+from podguard.preflight.cleanup.process_table import ProcessTable, scan_processes
 from podguard.preflight.cleanup.trees import choose_roots, merge_trees, pattern_skips, tree_targets
+from podguard.preflight.cleanup.vocabulary import CleanupPlan, PlanConfig, SkipCode
 from podguard.preflight.selection import mig_scope
 
 __all__ = ["build_plan", "gpu_list", "mig_scope", "minor_numbers", "nvml_processes", "plan_cleanup", "replan", "short"]

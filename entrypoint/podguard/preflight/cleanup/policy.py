@@ -14,8 +14,8 @@ import re
 from collections.abc import Sequence
 
 from podguard.errors import UsageError
-from podguard.preflight.cleanup.procfs import ProcessTable, ProcInfo
-from podguard.preflight.cleanup.records import PlanConfig, SkipCode
+from podguard.preflight.cleanup.process_table import ProcessTable, ProcInfo
+from podguard.preflight.cleanup.vocabulary import PlanConfig, SkipCode
 
 __all__ = ["BUILTIN_LAUNCHERS", "BUILTIN_PROTECTED", "Matcher", "Policy"]
 

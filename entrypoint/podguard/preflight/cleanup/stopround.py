@@ -21,8 +21,8 @@ from podguard.preflight.cleanup.deferral import deferred_signals
 from podguard.preflight.cleanup.pidfd import PinnedProcess
 from podguard.preflight.cleanup.planner import short
 from podguard.preflight.cleanup.policy import Policy
-from podguard.preflight.cleanup.procfs import read_stat, scan_processes
-from podguard.preflight.cleanup.records import Outcome, PlanConfig, Role, Target
+from podguard.preflight.cleanup.process_table import read_stat, scan_processes
+from podguard.preflight.cleanup.vocabulary import Outcome, PlanConfig, Role, Target
 
 __all__ = ["StopRound"]
 

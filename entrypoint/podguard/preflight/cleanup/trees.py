@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from podguard.preflight.cleanup.evidence import gpu_list, short, skip_record
 from podguard.preflight.cleanup.policy import Policy
-from podguard.preflight.cleanup.procfs import ProcessTable, ProcInfo
-from podguard.preflight.cleanup.records import Evidence, Holder, JobTree, PlanConfig, Role, SkipCode, Skipped, Target
+from podguard.preflight.cleanup.process_table import ProcessTable, ProcInfo
+from podguard.preflight.cleanup.vocabulary import Evidence, Holder, JobTree, PlanConfig, Role, SkipCode, Skipped, Target
 from podguard.units import describe_memory
 
 __all__ = ["Roots", "choose_roots", "merge_trees", "pattern_skips", "tree_targets"]

@@ -3,7 +3,7 @@
     found = confirmed([first_read, last_read], reread, last_read_at=t)   # {index: (Degraded, ...)}
 
 nvml.h says HW slowdown "may be also reported during PState or clock change", and a link state can be read
-mid-transition: a bit seen once on a healthy GPU must not fail it (PRODUCT.md "No false verdicts"). A finding
+mid-transition: a bit seen once on a healthy GPU must not fail it (docs/gate.md, "No false verdicts"). A finding
 (GPU and code) in both of the last two reads counts; one seen in only one of them is read again `gap_s` after
 the last read (past NVML's utilisation sample period, up to 1 s, so a GPU that just ran a probe reads idle
 again) and counts when that read shows it too. A healthy node (nothing found) reads nothing more. Pure apart

@@ -1,4 +1,4 @@
-"""Degraded GPUs: they work, but would slow the whole job down (PRODUCT.md "Degraded GPUs").
+"""Degraded GPUs: they work, but would slow the whole job down (docs/gate.md, "Degraded GPUs").
 
     Degraded(code="pcie_width", text="PCIe link x8 of x16", values={"width": 8, "max_width": 16})
 

@@ -1,4 +1,4 @@
-"""Degraded GPUs as NVML sees them: clocks, temperature, PCIe width, NVLink (PRODUCT.md "Degraded GPUs").
+"""Degraded GPUs as NVML sees them: clocks, temperature, PCIe width, NVLink (docs/gate.md, "Degraded GPUs").
 
     found = node_degraded(snapshots)     # {index: (Degraded(code="pcie_width", ...), ...)} for the judged GPUs
     gpu_degraded(snapshot, peer_links=18, fabric=True)

@@ -5,7 +5,7 @@
                   links={0: (5, 16), 1: (5, 16), 2: (5, 16)})
     # {1: [Degraded(code="slow", text="matmul_tflops 510 TFLOP/s is below 0.8 x the median ...", ...)]}
 
-Two checks (PRODUCT.md "Degraded GPUs"): relative, a metric below `ratio` x the median of the GPUs of the same
+Two checks (docs/gate.md, "Slow GPUs"): relative, a metric below `ratio` x the median of the GPUs of the same
 model (and MIG profile) that report it, two or more (`ratio` 0 turns it off); absolute, a metric below a floor,
 so eight equally slow GPUs are caught too. `matmul_tflops`, `mem_gbps` and `allreduce_busbw_gbps` have per-model
 floors (FLOORS, matched on NVML's name); `h2d_gbps` depends on the host's PCIe link, not on the card, so its floor

@@ -18,6 +18,8 @@ from podguard.gpu.backend import GpuBackend, GpuSnapshot
 from podguard.preflight.gate.confirm import confirmed
 from podguard.preflight.gate.degraded import Degraded
 from podguard.preflight.gate.nvml_degraded import node_degraded
+from podguard.preflight.gate.probe import cuda_probe_available, run_probes
+from podguard.preflight.gate.probe.allreduce import run_allreduce
 from podguard.preflight.gate.rules import (
     Finding,
     GateResult,
@@ -37,7 +39,7 @@ from podguard.preflight.options import PreflightOptions, ProbeMode
 from podguard.units import MIB
 
 if TYPE_CHECKING:
-    from podguard.preflight.cleanup.records import GpuIdleState
+    from podguard.preflight.cleanup.vocabulary import GpuIdleState
 
 __all__ = ["confirmed_degraded", "follow_cleanup", "follow_faults", "gate_free_now", "gate_hardware", "snapshots"]
 
@@ -108,8 +110,6 @@ def gate_hardware(
     candidates = [v.index for v in screen.verdicts if v.verdict is Verdict.HEALTHY]
     probe_mode = opts.probe
     if probe_mode == ProbeMode.AUTO:
-        from podguard.preflight.gate.probe import cuda_probe_available
-
         probe_mode = ProbeMode.CUDA if (opts.probe_cmd or cuda_probe_available(opts.dev_dir)) else ProbeMode.OFF
     if probe_mode == ProbeMode.OFF and opts.probe_cmd is None:
         watch = [v.index for v in screen.verdicts if v.passes]
@@ -123,7 +123,6 @@ def gate_hardware(
     if not candidates:
         found = confirmed_degraded(backend, indices, mig, [first], first_at)
         return judge_all(first, thresholds, in_use=dict(in_use), nvml_degraded=found)
-    from podguard.preflight.gate.probe import run_probes
 
     t = time.perf_counter()
     probe_targets: list[tuple[int, str]] = []
@@ -186,7 +185,6 @@ def _allreduce(
     joins each GPU's metrics (the floors judge it); a failure is every participant's problem."""
     if len(targets) < 2:
         return {"ok": True, "skipped": "an all-reduce needs two or more GPUs", "gpus": [i for i, _ in targets]}, {}
-    from podguard.preflight.gate.probe.allreduce import run_allreduce
 
     res = run_allreduce(targets, timeout_s)
     record: dict[str, object] = {

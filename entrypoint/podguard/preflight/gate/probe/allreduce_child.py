@@ -31,10 +31,10 @@ class AllreduceFailure(Exception):
 
 def run(rank: int, world: int, store_path: str, backend: str, nbytes: int, target_s: float) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message=".*NumPy.*")
-    import torch
-    import torch.distributed as dist
+    import torch  # noqa: PLC0415  lazy: torch, after the NumPy warning filter (the child's own process)
+    import torch.distributed as dist  # noqa: PLC0415  lazy: torch, after the NumPy warning filter (the child's own process)
 
-    from podguard.preflight.gate.probe.measure import timed
+    from podguard.preflight.gate.probe.measure import timed  # noqa: PLC0415  lazy: imports torch at its top
 
     if backend == "nccl":
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

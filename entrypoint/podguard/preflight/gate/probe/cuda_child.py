@@ -36,7 +36,7 @@ def probe() -> dict[str, Any]:
     """Run the checks on cuda:0; return details, or raise ProbeFailure / the CUDA error."""
     warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch without numpy warns at import; noise here
     try:
-        import torch
+        import torch  # noqa: PLC0415  lazy: torch, after the NumPy warning filter; its absence is a probe failure
     except ImportError as exc:
         raise ProbeFailure(f"torch is not importable: {exc}") from None
 
@@ -89,7 +89,7 @@ def probe() -> dict[str, Any]:
 
 def _measure(torch: Any, device: Any) -> dict[str, Any]:
     """The metrics, sized to the memory that is free (a small MIG slice still gets measured)."""
-    from podguard.preflight.gate.probe.measure import MeasureFailure, host_link_lock, measure_device
+    from podguard.preflight.gate.probe.measure import MeasureFailure, host_link_lock, measure_device  # noqa: PLC0415  lazy: imports torch at its top
 
     free, _total = torch.cuda.mem_get_info(device)
     small = free < SMALL_GPU_BYTES

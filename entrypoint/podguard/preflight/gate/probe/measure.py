@@ -295,7 +295,7 @@ def measure_device(
     h2d_nbytes: int = 256 << 20,
     h2d_lock: AbstractContextManager[float] | None = None,
 ) -> dict[str, float | str]:
-    """The probe's metrics for one device, as the keys of its JSON line (PRODUCT.md "Probe metrics")."""
+    """The probe's metrics for one device, as the keys of its JSON line (docs/gate.md, "Probe metrics")."""
     matmul = measure_matmul(device, n=n)
     mem = measure_copy(device, nbytes=copy_nbytes)
     h2d = measure_h2d(device, nbytes=h2d_nbytes, lock=h2d_lock)

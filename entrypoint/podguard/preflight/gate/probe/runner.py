@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_PROBE_MODULE = "podguard.preflight.gate.probe.cuda_child"
-# What a probe may measure (PRODUCT.md "Probe metrics"): keys of its last JSON line, numbers >= 0.
+# What a probe may measure (docs/formats.md, "A probe's JSON line"): keys of its last JSON line, numbers >= 0.
 METRIC_KEYS = ("matmul_tflops", "mem_gbps", "h2d_gbps", "allreduce_busbw_gbps")
 TAIL_CHARS = 2000
 _BUSY_RE = re.compile(r"busy or unavailable|out of memory", re.IGNORECASE)

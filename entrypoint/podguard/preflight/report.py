@@ -5,7 +5,7 @@
 
 Reports are owner-only, written atomically (podguard.state.write_private), secrets masked
 (podguard.redact); `latest.json` always names the newest, so `podguard doctor` and a restarted
-container can find it. The first summary line's format is a contract (PRODUCT.md): keep it stable.
+container can find it. The first summary line's format is a contract (docs/formats.md): keep it stable.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Timings:
 
 
 def verdict_word(exit_code: int) -> str:
-    """The summary line's verdict (PRODUCT.md): PASS, BUSY, UNHEALTHY or FAIL."""
+    """The summary line's verdict (docs/formats.md): PASS, BUSY, UNHEALTHY or FAIL."""
     return {ExitCode.OK: "PASS", ExitCode.GPUS_BUSY: "BUSY", ExitCode.GPU_UNHEALTHY: "UNHEALTHY"}.get(exit_code, "FAIL")
 
 

@@ -1,6 +1,6 @@
 """The records the pod code works with, whichever API produced them.
 
-    pod.status is PodStatus.RUNNING; public_view(pod) -> the `--json` object PRODUCT.md promises
+    pod.status is PodStatus.RUNNING; public_view(pod) -> the `--json` object of docs/formats.md
     PodRequest(name=..., image=..., gpu=GpuInfo("NVIDIA A100 80GB PCIe", 1), ...)   # one create attempt
 
 `Pod` is what a list/get answered; `PodRequest` is one placement attempt (one GPU type, at most one data
@@ -140,7 +140,7 @@ class Pod:
         return cost_of(self.cost_per_hr, self.uptime_s(now))
 
 
-# The `--json` view: what PRODUCT.md promises plus a few useful fields. Never `env` (it may hold secrets).
+# The `--json` view: what docs/formats.md promises plus a few useful fields. Never `env` (it may hold secrets).
 _PUBLIC = ("id", "name", "status", "gpu", "cost_per_hr", "ssh", "ports", "actions", "image", "data_center")
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TextIO
 
-from podguard.pods.model import Pod
+from podguard.pods.pod import Pod
 from podguard.redact import redact_text
 
 __all__ = ["Progress"]

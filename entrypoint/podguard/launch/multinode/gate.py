@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import TextIO
 
 from podguard.errors import ExitCode, PodguardError, signal_exit_code
-from podguard.launch.cluster.model import GateOutcome, GateSettings, NodeVerdict, format_gate_summary
+from podguard.launch.multinode.protocol import ACK_WAIT_S, TELL_LATE_S, run_gate
+from podguard.launch.multinode.verdicts import GateOutcome, GateSettings, NodeVerdict, format_gate_summary
 from podguard.launch.signals import TERMINATING, SignalRouter, signal_name
 
 __all__ = ["run_cluster_gate"]
@@ -48,8 +49,6 @@ def run_cluster_gate(
 
 
 def _wait(settings: GateSettings, verdict: NodeVerdict, say: Callable[[GateOutcome], None]) -> GateOutcome:
-    from podguard.launch.cluster.protocol import ACK_WAIT_S, TELL_LATE_S, run_gate
-
     stop = threading.Event()
     done_r, done_w = os.pipe()
     result: dict[str, object] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_reports_are_pruned_to_the_newest(tmp_path, monkeypatch):
-    from podguard import report
+    from podguard.preflight import report
 
     monkeypatch.setattr(report, "KEEP_REPORTS", 3)
     paths = []

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from podguard.launch.cluster.model import GateSettings
+from podguard.launch.multinode.protocol import _bind, _timedelta, load_store_class
+from podguard.launch.multinode.verdicts import GateSettings
 
 __all__ = ["ROOT", "ProgressShare"]
 
@@ -101,8 +102,6 @@ class ProgressShare:
 
     def _open(self) -> tuple[Any, str]:
         """Node 0: host the store and draw the session; the others: connect and read it (None while absent)."""
-        from podguard.launch.cluster.protocol import _bind, _timedelta, load_store_class
-
         TCPStore = load_store_class()
         s = self.settings
         if s.hosts:

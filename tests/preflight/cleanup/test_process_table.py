@@ -17,7 +17,7 @@ import pytest
 
 from podguard.preflight.cleanup.devices import find_device_files, gpu_minor, resolve_dev_dir
 from podguard.preflight.cleanup.names import names_of
-from podguard.preflight.cleanup.procfs import read_stat, scan_processes
+from podguard.preflight.cleanup.process_table import read_stat, scan_processes
 from procspawn import DEVICES, HOLDER_SRC, PY, Spawner, alive, synthetic, wait_until
 
 
@@ -159,7 +159,7 @@ def test_unreadable_fds_are_recorded_not_guessed(spawner: Spawner) -> None:
     pid = spawner._ready(proc)["pid"]
     code = (  # import first: the interpreter's own files may not be readable by nobody
         "import json, os, sys; sys.path[:0] = json.loads(sys.argv[2]); "
-        "from podguard.preflight.cleanup.procfs import scan_processes; "
+        "from podguard.preflight.cleanup.process_table import scan_processes; "
         "os.setgid(65534); os.setuid(65534); "
         "p = scan_processes(sys.argv[1]).get(int(sys.argv[3])); "
         "print(json.dumps([p.fd_error, list(p.devices)]))"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from podguard.pods.model import GpuInfo, Pod, PodStatus, Volume, public_view
+from podguard.pods.pod import GpuInfo, Pod, PodStatus, Volume, public_view
 
 __all__ = [
     "CLUSTER_TYPES",

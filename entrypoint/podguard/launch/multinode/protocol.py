@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from podguard.errors import ExitCode, UsageError
-from podguard.launch.cluster.model import (
+from podguard.launch.multinode.verdicts import (
     GateOutcome,
     GateSettings,
     NodeVerdict,
@@ -63,7 +63,7 @@ def load_store_class() -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from torch.distributed import TCPStore
+            from torch.distributed import TCPStore  # noqa: PLC0415  lazy: torch's TCPStore: a multi-node launch has torch, the gate's import does not need it
     except ImportError as exc:
         raise UsageError(f"the cluster gate needs PyTorch's torch.distributed in this Python ({exc})") from None
     finally:
@@ -82,7 +82,7 @@ def _timedelta(seconds: float) -> datetime.timedelta:
 
 def _errors() -> tuple[type[BaseException], type[BaseException]]:
     """(timeout, any store failure): torch's DistStoreError for a wait that timed out, RuntimeError else."""
-    from torch.distributed import DistStoreError
+    from torch.distributed import DistStoreError  # noqa: PLC0415  lazy: torch's TCPStore: a multi-node launch has torch, the gate's import does not need it
 
     return DistStoreError, RuntimeError
 
