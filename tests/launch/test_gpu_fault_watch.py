@@ -203,6 +203,18 @@ def test_another_xid_is_reported_not_fatal(nvml_node, watch_on) -> None:
     assert faults == [(0, 8, False, False), (1, 61, False, False)]
 
 
+@pytest.mark.parametrize("code", [63, 92])
+def test_xid_63_and_92_are_printed_never_acted_on(nvml_node, watch_on, code: int) -> None:
+    """NVIDIA's Xid catalogue asks no immediate action for a page retired / a row marked for remapping (63) or a
+    high single-bit ECC rate (92): the GPU goes on; the next preflight judges it (a pending remap is the gate's)."""
+    watch = watch_on([1])
+    nvml_node.scenario.xids.append(XidSpec(gpu=1, xid=code))
+    nvml_node.write()
+    [fault] = watch.poll()
+    assert (fault.xid, fault.fatal, fault.application) == (code, False, False)
+    assert code not in FATAL_XIDS
+
+
 def test_gpus_the_run_did_not_select_are_not_watched(nvml_node, watch_on) -> None:
     watch = watch_on([0, 1])
     sc = nvml_node.scenario

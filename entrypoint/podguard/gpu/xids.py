@@ -36,8 +36,9 @@ XID_MEANINGS: dict[int, str] = {
 APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 # The hardware or driver needs attention: the gate fails a GPU that reports one of these in its window.
 HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
-# A running job ends on these (docs/watch.md, "Which Xids end the job"); 61, 62 and 140 are named but do not end it.
-RUN_FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+# A running job ends on these (docs/watch.md, "Which Xids end the job"); 61, 62, 63, 92 and 140 are named but do not
+# end it (NVIDIA asks no immediate action for 63 or 92 alone).
+RUN_FATAL_XIDS = frozenset({48, 64, 74, 79, 94, 95, 119, 120})
 
 
 def xid_meaning(xid: int) -> str:
