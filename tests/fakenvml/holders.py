@@ -18,7 +18,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from loadfactor import scaled
+try:
+    from loadfactor import scaled
+except ImportError:  # `python -m tests.fakenvml.build` from the repo root: tests/ is not on sys.path there
+    from tests.loadfactor import scaled
 
 from .gpuproc import proc_start_time, read_ready
 
