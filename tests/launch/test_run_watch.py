@@ -5,6 +5,7 @@ for GPU faults (Xids and a lost GPU written into its scenario while the job runs
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from fakenvml import scenario as sc
 from jobproc import PODGUARD, run_podguard, script
-from loadfactor import scaled
+from loadfactor import load_factor, scaled
 
 pytestmark = pytest.mark.slow
 
@@ -518,8 +519,12 @@ BEATER = """
 
 
 def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, tmp_path):
-    job = script(tmp_path, "beater.py", BEATER)
-    args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--progress", r"^step \d+", "--grace", "1"]
+    # torchrun's silent start-up: the hang timeout (6 s on an idle machine) and the job's 120 steps of 0.1 s
+    # (past it) stretched alike by the load factor
+    factor = load_factor()
+    job = script(tmp_path, "beater.py", BEATER.replace("range(120)", f"range({math.ceil(120 * factor)})"))
+    hang = f"{6 * factor:.1f}"
+    args = ["train", "--mode", "torchrun", "--hang-timeout", hang, "--progress", r"^step \d+", "--grace", "1"]
     # (--progress: rank 1's lines are noise; without one, any output of its own would be its progress, issue 30)
     proc = pg(node, [*args, "--", sys.executable, job], env={"NUM_TRAINERS": "2"})  # the old board had 1 slot
     assert proc.returncode == 79, said(proc)[-3000:]
