@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint fmt bench clean dist release-check
+.PHONY: install run test test-fast test-load lint fmt bench clean dist release-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,12 +21,22 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/podguard train
 
-## the whole test suite (real processes, the real NVML binding against a fake libnvidia-ml.so.1)
+## the whole test suite (real processes, the real NVML binding against a fake libnvidia-ml.so.1), in TEST_WORKERS
+## parallel pytest-xdist workers: most tests wait on processes, signals and sockets, not on the CPU; the image
+## tests stay together in one worker (one image build). TEST_WORKERS=0: one process, no xdist (docs/testing.md)
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
+
+## the timing-sensitive tests (`-m timing`: real processes, signals, deadlines) with HOGS busy-loop processes
+## beside them, as on a busy laptop or CI runner; the hogs are killed however the run ends (docs/testing.md)
+HOGS ?= 2
+test-load: $(STAMP)
+	HOGS=$(HOGS) PYTHON=$(BIN)/python tests/with_cpu_hogs.sh $(BIN)/python -m pytest -q -p no:xdist -m timing
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,6 +11,7 @@ from __future__ import annotations
 #                  subprocesses (node.env); see tests/fakenvml/node.py for its API.
 # ======================================================================================================
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,3 +97,50 @@ def spawner(tmp_path):
         yield s
     finally:
         s.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# a suite that holds on a busy machine, however it was started (docs/testing.md, "On a busy machine")
+# ----------------------------------------------------------------------------------------------------
+
+# Signals a shell or nohup leaves ignored for what it starts (`make test &` in a script: SIGINT and SIGQUIT;
+# `nohup make test`: SIGHUP). An ignored signal stays ignored across exec, so every podguard and job the tests
+# start would ignore it too and a test that sends it would wait for an exit that never comes.
+_INHERITED_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+# The tests that wait on real time (processes, signals, sockets, deadlines): `-m timing` picks them, and
+# `make test-load` runs them with CPU hogs beside them. A test elsewhere opts in with @pytest.mark.timing.
+TIMING_PATHS = (
+    "launch/",
+    "job/",
+    "preflight/cleanup/",
+    "pods/test_pods_clusters.py",
+    "checkpoints/test_hf_trainer.py",
+    "frameworks/",
+)
+
+
+def _not_ignored(signum: int, frame: object) -> None:
+    """Stands in for SIG_IGN in the pytest process: pytest still shrugs the signal off, as its starter asked,
+    but a handled signal is reset to its default at exec, so the processes the tests start get the default."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for signum in _INHERITED_IGNORES:
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, _not_ignored)
+    # (a blocked signal, too, is inherited: unblocked here, in the thread that starts the tests' processes)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _INHERITED_IGNORES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            where = item.path.resolve().relative_to(tests_dir).as_posix()
+        except ValueError:
+            continue
+        if where.startswith(TIMING_PATHS):
+            item.add_marker(pytest.mark.timing)
+        if where.startswith("image/"):  # under `make test`'s xdist workers: one worker, one image build
+            item.add_marker(pytest.mark.xdist_group("image"))

@@ -10,16 +10,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+from loadfactor import scaled
+
 PODGUARD = [sys.executable, "-m", "podguard"]
 
 
 def run_podguard(node, args, *, env=None, timeout=90.0, cpu=False) -> subprocess.CompletedProcess[str]:
-    """`podguard ARGS` with the node's environment; `cpu`: without the (fake) driver, so workers run on CPU."""
+    """`podguard ARGS` with the node's environment; `cpu`: without the (fake) driver, so workers run on CPU.
+    `timeout`: a deadline for an idle machine, stretched by the load factor (tests/loadfactor.py)."""
     full = {**node.env, **(env or {})}
     if cpu:
         full["LD_LIBRARY_PATH"] = ""
     return subprocess.run(
-        [*PODGUARD, *args], env=full, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        [*PODGUARD, *args], env=full, capture_output=True, text=True, timeout=scaled(timeout), stdin=subprocess.DEVNULL
     )
 
 

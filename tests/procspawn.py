@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadfactor import scaled
 from podguard.preflight.cleanup.devices import find_device_files
 from podguard.preflight.cleanup.process_table import ProcessTable, ProcInfo, read_stat, scan_processes
 
@@ -74,8 +75,9 @@ while True:
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    """Poll `pred` every few ms; fail the test (not hang it) after `timeout`."""
-    end = time.monotonic() + timeout
+    """Poll `pred` every few ms; fail the test (not hang it) after `timeout` (for an idle machine, stretched by the
+    load factor: tests/loadfactor.py)."""
+    end = time.monotonic() + scaled(timeout)
     while not pred():
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")

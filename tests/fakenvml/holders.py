@@ -18,6 +18,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+try:
+    from loadfactor import scaled
+except ImportError:  # `python -m tests.fakenvml.build` from the repo root: tests/ is not on sys.path there
+    from tests.loadfactor import scaled
+
 from .gpuproc import proc_start_time, read_ready
 
 GPUPROC = Path(__file__).with_name("gpuproc.py")
@@ -37,8 +42,9 @@ def pid_alive(pid: int, start: int | None = None) -> bool:
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.002) -> bool:
-    """Poll `predicate()` until true or `timeout` (no blind sleeps: small steps, bounded)."""
-    deadline = time.monotonic() + timeout
+    """Poll `predicate()` until true or `timeout` (no blind sleeps: small steps, bounded). The timeout is a deadline
+    for an idle machine, stretched by the load factor (tests/loadfactor.py)."""
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         if predicate():
             return True

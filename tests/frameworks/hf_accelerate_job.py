@@ -4,9 +4,21 @@
 never returns at step 3 (`next_batch`); rank 0 then waits in DDP's gradient all-reduce inside `backward`.
 """
 
+import threading
 import time
 
-print("importing torch, accelerate and transformers", flush=True)  # (the hang clock runs from launch)
+# The hang clock runs from launch: start-up keeps talking until the model is prepared (the imports and DDP's
+# set-up take longer than the test's --hang-timeout on a busy machine).
+started = threading.Event()
+
+
+def say_starting() -> None:
+    print("importing torch, accelerate and transformers", flush=True)
+    while not started.wait(1.0):
+        print("starting", flush=True)
+
+
+threading.Thread(target=say_starting, daemon=True).start()
 
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
@@ -24,6 +36,7 @@ torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 model, opt = acc.prepare(model, opt)
+started.set()
 for step in range(20):
     ids = next_batch(step, acc.process_index)
     loss = model(input_ids=ids, labels=ids).loss

@@ -6,13 +6,27 @@ wherever rich is installed: on a pipe it draws nothing until the end unless the 
 """
 
 import sys
+import threading
 import time
 
-print("importing torch and lightning", flush=True)  # (the hang clock runs from launch: keep start-up talking)
+# The hang clock runs from launch: start-up keeps talking until the imports are done (on a busy machine importing
+# torch and lightning takes longer than the tests' --hang-timeout).
+imported = threading.Event()
+
+
+def say_importing() -> None:
+    print("importing torch and lightning", flush=True)
+    while not imported.wait(1.0):
+        print("importing torch and lightning", flush=True)
+
+
+threading.Thread(target=say_importing, daemon=True).start()
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+imported.set()
 
 MODE, DEVICES, STEP_S = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 STEPS = 40

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobproc import run_podguard
+from loadfactor import scaled
 
 HERE = Path(__file__).parent
 PY = sys.executable
@@ -76,7 +77,10 @@ def test_a_ddp_hang_in_hf_transformers_under_accelerate_names_the_stuck_rank(nod
     """Rank 0 waits in DDP's gradient all-reduce inside `backward`; rank 1 is stuck in its loader: named."""
     job = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
     job += ["--mixed_precision", "no", "--dynamo_backend", "no", str(HERE / "hf_accelerate_job.py")]
-    proc = run_podguard(node, ["run", "--hang-timeout", "8", "--grace", "2", "--", *job], cpu=True, timeout=120)
+    # the ranks talk until DDP is set up, but `accelerate launch` imports torch silently before it starts them:
+    # the hang timeout covers that start-up (8 s on an idle machine, stretched by the load factor)
+    hang = f"{scaled(8):.1f}"
+    proc = run_podguard(node, ["run", "--hang-timeout", hang, "--grace", "2", "--", *job], cpu=True, timeout=120)
     assert proc.returncode == 79, said(proc)[-3000:]
     out = said(proc)
     assert "rank 1: hf_accelerate_job.py" in out and "in next_batch" in out

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from jobproc import run_podguard
+from loadfactor import scaled
 from podguard.guards.save import SaveBeforeStop, SaveSettings, listed_keys, newest_new
 from podguard.guards.targets import catches, is_launcher
 from podguard.guards.watch import Trip
@@ -112,7 +113,10 @@ def test_the_ranks_of_mp_spawn_get_the_save_signal_not_only_their_parent(tmp_pat
     ckpt = tmp_path / "ckpt"
     job = tmp_path / "spawned.py"
     job.write_text(SPAWNED_SAVES)
-    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", "8s", "--save-grace", "30s"]
+    # the ranks must have their handlers when --max-runtime comes (8 s on an idle machine: importing torch in the
+    # parent and again in each spawned rank takes longer on a busy one): stretched by the load factor
+    runtime = f"{scaled(8):.0f}s"
+    args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", runtime, "--save-grace", "30s"]
     proc = run_podguard(cli_node, [*args, "--", sys.executable, str(job), str(ckpt)], cpu=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 124, out[-3000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobproc import PODGUARD, run_podguard, script
+from loadfactor import scaled
 from podguard.outcome_lines import newest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -254,7 +255,10 @@ def test_bad_values_are_64_before_anything_runs(node, tmp_path, args, env, needl
     assert not marker.exists() and not (tmp_path / "state" / "runs").exists()
 
 
+# A save request that comes before a rank's handler exists would kill it (SIGUSR1's default action), and on a busy
+# machine importing torch can outlast --max-runtime: blocked first thing, the request waits for the handler.
 TORCHRUN_SAVES = """
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -264,6 +268,7 @@ def on_signal(*_):
     print(f"rank {rank} saved on the signal", flush=True)
     sys.exit(0)
 signal.signal(signal.SIGUSR1, on_signal)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})  # the handler is in place: an early request lands
 print(f"rank {rank} training", flush=True)
 while True:
     time.sleep(0.05)
@@ -271,10 +276,13 @@ while True:
 
 
 def test_in_torchrun_mode_the_ranks_get_the_save_signal_and_torchrun_survives_it(node, tmp_path):
+    """The ranks must exist when --max-runtime comes (podguard asks the processes torchrun has started): 6 s on an
+    idle machine, stretched by the load factor, as torchrun imports torch before it starts them. The save grace is
+    a deadline (podguard ends the wait as soon as the checkpoint is whole)."""
     ckpt = tmp_path / "ckpt"
     path = job(tmp_path, "ddp.py", TORCHRUN_SAVES)
     args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--checkpoints", str(ckpt), "--save-signal", "USR1"]
-    args += ["--max-runtime", "6s", "--grace", "2", "--save-grace", "20s"]
+    args += ["--max-runtime", f"{scaled(6):.0f}s", "--grace", "2", "--save-grace", f"{scaled(60):.0f}s"]
     proc = run_podguard(node, [*args, "--", sys.executable, path, str(ckpt)], cpu=True)
     out = said(proc)
     assert proc.returncode == 124, out[-3000:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobproc import run_podguard, script
+from loadfactor import load_factor
 from podguard.launch.lines import FRAME_START, HIDDEN, Redraws, line_key
 from podguard.launch.printer import Printer
 
@@ -69,9 +71,14 @@ def test_a_stalled_loop_under_a_live_display_that_keeps_redrawing_is_hung(tmp_pa
 @needs_rich
 @pytest.mark.parametrize("mode", ["run", "torchrun"])
 def test_a_live_display_whose_counts_move_is_progress(tmp_path: Path, cli_node, mode):
-    job = script(tmp_path, "live.py", PROGRESS_CLOCKS.replace("STALL_AT", "1000").replace("range(100)", "range(30)"))
+    # torchrun's agent imports torch first: its start-up is silent, and the hang timeout must cover it (8 s on an
+    # idle machine, stretched by the load factor); the display then runs longer than that timeout, stretched
+    # alike (30 steps of 0.3 s on an idle machine), or a display that is not progress would pass unnoticed
+    factor = 1.0 if mode == "run" else load_factor()
+    steps = f"range({math.ceil(30 * factor)})"
+    job = script(tmp_path, "live.py", PROGRESS_CLOCKS.replace("STALL_AT", "1000").replace("range(100)", steps))
     args = ["run"] if mode == "run" else ["train", "--mode", "torchrun", "--cpu-workers", "1"]
-    hang = "4" if mode == "run" else "8"  # (torchrun's agent imports torch first: its start-up is silent)
+    hang = "4" if mode == "run" else f"{8 * factor:.1f}"
     proc = run_podguard(
         cli_node, [*args, "--hang-timeout", hang, "--grace", "1", "--", sys.executable, job], cpu=True, timeout=150
     )

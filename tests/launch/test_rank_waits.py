@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from jobproc import run_podguard, script
+from loadfactor import load_factor
 from podguard.launch.watch.stacks import find_py_spy
 
 pytestmark = [
@@ -27,6 +28,8 @@ pytestmark = [
     pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)"),
 ]
 
+# On an idle machine; a run stretches both by the load factor (up to 4: rank 0's announced evaluation is bounded
+# at 120 s), as the hang clock starts at launch and torchrun's start-up is silent.
 HANG_S = 10
 ALONE_S = 24  # rank 0's work alone: well past the hang timeout
 
@@ -83,7 +86,7 @@ RANKS = """
             import torch.multiprocessing as mp
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             mp.spawn(main, args=(2, how), nprocs=2)
-    """.replace("ALONE_S", str(ALONE_S))
+    """
 
 MODES = {
     "per-gpu": ["train", "--mode", "per-gpu", "--cpu-workers", "2"],
@@ -92,15 +95,20 @@ MODES = {
 }
 
 
-def _run(node, tmp_path: Path, mode: str, how: str):
-    job = script(tmp_path, "ranks.py", RANKS)
-    args = [*MODES[mode], "--hang-timeout", str(HANG_S), "--grace", "2", "--", sys.executable, job, how]
+def _stretch() -> float:
+    return min(load_factor(), 4.0)
+
+
+def _run(node, tmp_path: Path, mode: str, how: str, stretch: float = 1.0):
+    job = script(tmp_path, "ranks.py", RANKS.replace("ALONE_S", str(round(ALONE_S * stretch))))
+    hang = f"{HANG_S * stretch:.1f}"
+    args = [*MODES[mode], "--hang-timeout", hang, "--grace", "2", "--", sys.executable, job, how]
     return run_podguard(node, args, cpu=True, timeout=240, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_rank_waiting_in_a_barrier_while_rank_0_saves_and_prints_is_not_hung(tmp_path, cli_node, mode):
-    proc = _run(cli_node, tmp_path, mode, "prints")
+    proc = _run(cli_node, tmp_path, mode, "prints", _stretch())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     waits = [ln for ln in out.splitlines() if "waiting for the others, not hung" in ln]
@@ -111,25 +119,25 @@ def test_a_rank_waiting_in_a_barrier_while_rank_0_saves_and_prints_is_not_hung(t
 
 @pytest.mark.parametrize("mode", ["per-gpu", "torchrun"])
 def test_a_silent_evaluation_announced_with_busy_is_not_a_hang(tmp_path, cli_node, mode):
-    proc = _run(cli_node, tmp_path, mode, "busy")
+    proc = _run(cli_node, tmp_path, mode, "busy", _stretch())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "HUNG" not in out
 
 
 def test_a_silent_rank_0_with_nothing_announced_is_still_hung(tmp_path, cli_node):
-    proc = _run(cli_node, tmp_path, "per-gpu", "silent")
+    proc = _run(cli_node, tmp_path, "per-gpu", "silent", _stretch())
     out = proc.stdout + proc.stderr
     assert proc.returncode == 79, out[-4000:]
     assert "podguard: HUNG: " in out
 
 
 def test_a_busy_announcement_past_its_bound_no_longer_holds_the_clock(tmp_path, cli_node):
-    started = time.monotonic()
-    proc = _run(cli_node, tmp_path, "per-gpu", "busy-forever")
+    started, stretch = time.monotonic(), _stretch()
+    proc = _run(cli_node, tmp_path, "per-gpu", "busy-forever", stretch)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 79, out[-4000:]
-    assert time.monotonic() - started < 3 + HANG_S + 60 + 60  # (start-up on a busy machine, the bound, the end)
+    assert time.monotonic() - started < 3 + HANG_S * stretch + 60 + 60  # (start-up when busy, the bound, the end)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ for GPU faults (Xids and a lost GPU written into its scenario while the job runs
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from fakenvml import scenario as sc
 from jobproc import PODGUARD, run_podguard, script
+from loadfactor import load_factor, scaled
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +46,16 @@ def end_line(err: str) -> str:
 
 
 STUCK_RANK = """
-    import datetime, os, sys, time
+    import datetime, os, sys, threading, time
+    loaded = threading.Event()
+    def say_loading():  # start-up talks: two ranks importing torch on a busy machine take longer than 4 s
+        while not loaded.wait(1.0):
+            print("loading", flush=True)
+    threading.Thread(target=say_loading, daemon=True).start()
     import torch, torch.distributed as dist
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
+    loaded.set()
 
     def load_batch():
         time.sleep(3600)  # rank 1's data loader never returns
@@ -71,10 +79,14 @@ def test_a_rank_stuck_while_the_others_wait_in_all_reduce_is_79_with_both_stacks
 ):
     job = script(tmp_path, "stuck.py", STUCK_RANK)
     started = time.monotonic()
-    args = ["train", "--mode", mode, "--cpu-workers", "2", "--hang-timeout", "4", "--grace", "2"]
+    # The hang clock starts at launch: the ranks talk while they start, but torchrun imports torch and starts its
+    # agent silently before it starts them, so there the timeout covers that start-up (a few seconds on an idle
+    # machine, 15 s with CPU hogs beside it): stretched by the load factor.
+    hang = f"{scaled(4 if mode == 'per-gpu' else 10):.1f}"
+    args = ["train", "--mode", mode, "--cpu-workers", "2", "--hang-timeout", hang, "--grace", "2"]
     proc = pg(node, [*args, "--", sys.executable, job])
     assert proc.returncode == 79, proc.stderr[-3000:]
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < scaled(60)
     err = proc.stdout + proc.stderr
     assert "podguard: HUNG: no progress for " in err
     assert re.search(r"rank 1 is the likely stuck rank", err), err[-3000:]
@@ -507,8 +519,12 @@ BEATER = """
 
 
 def test_cpu_torchrun_with_two_workers_on_no_gpu_keeps_rank_1s_heartbeats(node, tmp_path):
-    job = script(tmp_path, "beater.py", BEATER)
-    args = ["train", "--mode", "torchrun", "--hang-timeout", "6", "--progress", r"^step \d+", "--grace", "1"]
+    # torchrun's silent start-up: the hang timeout (6 s on an idle machine) and the job's 120 steps of 0.1 s
+    # (past it) stretched alike by the load factor
+    factor = load_factor()
+    job = script(tmp_path, "beater.py", BEATER.replace("range(120)", f"range({math.ceil(120 * factor)})"))
+    hang = f"{6 * factor:.1f}"
+    args = ["train", "--mode", "torchrun", "--hang-timeout", hang, "--progress", r"^step \d+", "--grace", "1"]
     # (--progress: rank 1's lines are noise; without one, any output of its own would be its progress, issue 30)
     proc = pg(node, [*args, "--", sys.executable, job], env={"NUM_TRAINERS": "2"})  # the old board had 1 slot
     assert proc.returncode == 79, said(proc)[-3000:]

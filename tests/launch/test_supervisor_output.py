@@ -14,6 +14,7 @@ import fcntl
 import importlib.util
 import io
 import json
+import math
 import os
 import select
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from jobproc import PODGUARD, run_podguard, script
+from loadfactor import load_factor
 from podguard.launch.run import run_job
 from podguard.launch.spec import WorkerSpec
 
@@ -246,8 +248,10 @@ def test_a_c_programs_lines_arrive_while_it_runs_and_survive_a_kill(cli_node, tm
 def test_dots_without_line_ends_are_progress_when_no_pattern_is_given(cli_node, tmp_path: Path, mode: str):
     """Issue 30, item 2: in torchrun mode the rank wrapper holds a partial line until its end (ranks never
     interleave mid-line): the dots reached podguard only as one line at the end, and the job was called hung."""
-    # (torchrun's agent and its rank start slower: a longer timeout, and dots for longer than it)
-    dots, hang = (14, "2") if mode == "run" else (40, "8")
+    # (torchrun's agent and its rank start slower, and silently: a longer timeout, and dots for longer than it,
+    # both stretched by the load factor)
+    factor = load_factor()
+    dots, hang = (14, "2") if mode == "run" else (math.ceil(40 * factor), f"{8 * factor:.1f}")
     job = script(
         tmp_path,
         "dots.py",
@@ -279,15 +283,20 @@ for i in range(16):
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_only_gpu_in_torchrun_mode_filters_the_terminal_only(cli_node, tmp_path: Path):
     """Rank 0 (shown) prints nothing; rank 1 (hidden) prints steps: not hung (was: 79), its lines in the logs."""
-    job = script(tmp_path, "silent.py", SILENT_RANK0)
-    args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--only-gpu", "0", "--hang-timeout", "5"]
+    # torchrun's silent start-up: the hang timeout (5 s on an idle machine) and rank 1's steps (16, past it)
+    # stretched alike by the load factor
+    factor = load_factor()
+    steps = math.ceil(16 * factor)
+    job = script(tmp_path, "silent.py", SILENT_RANK0.replace("range(16)", f"range({steps})"))
+    hang = f"{5 * factor:.1f}"
+    args = ["train", "--mode", "torchrun", "--cpu-workers", "2", "--only-gpu", "0", "--hang-timeout", hang]
     proc = run_podguard(cli_node, [*args, "--", PY, job], cpu=True)
     assert proc.returncode == 0, _said(proc)[-3000:]
     assert "step" not in proc.stdout  # the terminal shows rank 0 only
     (logs,) = (tmp_path / "state" / "runs").glob("*/logs")
-    assert (logs / "rank1.log").read_text().splitlines() == [f"step {i}" for i in range(16)]
+    assert (logs / "rank1.log").read_text().splitlines() == [f"step {i}" for i in range(steps)]
     torchrun_log = (logs / "torchrun.log").read_text()
-    assert "rank1:step 15" in torchrun_log and "\x1b]" not in torchrun_log
+    assert f"rank1:step {steps - 1}" in torchrun_log and "\x1b]" not in torchrun_log
 
 
 def test_a_leftover_is_named_once():
