@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from loadfactor import scaled
 from pods_support import PODGUARD, standin  # noqa: F401 (fixture)
 
 from fakenvml import scenario as sc
@@ -58,10 +59,24 @@ def park_and_stop(node, pod_id: str, **env: str) -> tuple[int, str]:
         seen.append(line)
         if "PARKED" in line:
             break
-    time.sleep(0.2)  # let it reach its signal wait (the stop request, when asked for, comes right after the line)
+    _wait_until_it_holds_sigterm(proc.pid)  # its signal wait (the stop request, when asked for, comes after the line)
     proc.send_signal(signal.SIGTERM)
     rest = proc.communicate(timeout=30)[1]
     return proc.returncode, "".join(seen) + rest
+
+
+def _wait_until_it_holds_sigterm(pid: int) -> None:
+    """Until the process catches SIGTERM (its park holds the signals with a handler installed): a fixed sleep
+    is a window a busy machine misses, and a SIGTERM before it would kill podguard with the default action."""
+    bit = 1 << (signal.SIGTERM - 1)
+    deadline = time.monotonic() + scaled(10)
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+        if caught & bit:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"podguard (pid {pid}) never came to catch SIGTERM while parked")
 
 
 def test_restart_after_n_failures_then_park_and_stop_never_looping(standin, pod, cli_node):  # noqa: F811

@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 JOB = """
-import os, sys, time
+import os, signal, sys, time
+# a save signal that comes while torch is imported (a busy machine) waits for the handler instead of killing the job
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 import torch
 from podguard.rank import SaveRequest, resume_from
 
 request = SaveRequest()
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 d = os.environ["PODGUARD_CHECKPOINTS"]
 steps, every, step_s, size = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 start = 1
