@@ -31,7 +31,7 @@ from podguard.pods.keeper.record import KeepState, NodeMark
 from podguard.pods.keeper.spec_change import spec_changes
 from podguard.pods.mark import mark_of, stranger_line
 from podguard.pods.pod import Pod, PodStatus
-from podguard.pods.readiness import BACKFILL_WITHOUT_START
+from podguard.pods.readiness import backfill
 from podguard.pods.spec import PodSpec
 from podguard.pods.target import PodTarget
 from podguard.pods.tuning import Tuning
@@ -109,8 +109,7 @@ def open_stream(streams: NodeStreams, member: Member, state: KeepState) -> None:
     last = mark.last_event_id if resume and mark is not None else ""
     if not resume:
         state.nodes[node] = NodeMark(pod.id, pod.started_at)
-    tail = None if since else BACKFILL_WITHOUT_START
-    streams.open(member, since=since, tail=tail, source="container", last_event_id=last)
+    streams.open(member, since=since, tail=backfill(since), source="container", last_event_id=last)
 
 
 class KeptPod:
