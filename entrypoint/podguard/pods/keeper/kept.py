@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.cluster import Member
@@ -43,11 +43,12 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Scan:
-    """One listing of the name: the plan, and each pod (cluster) it saw, by id."""
+    """One listing of the name: the plan, and each pod (cluster) it saw, by id, and how its target names one."""
 
     plan: Plan
-    items: Mapping[str, object] = field(default_factory=dict)
+    items: Mapping[str, Any] = field(default_factory=dict)
     seen: tuple[Seen, ...] = ()
+    describe: Callable[[Any], str] = stranger_line
 
     @property
     def mine(self) -> list[Seen]:
@@ -55,8 +56,9 @@ class Scan:
         return [s for s in self.seen if s.owned and s.status is not PodStatus.TERMINATED]
 
     def line(self, item_id: str) -> str:
-        """How a pod (cluster) of the name is named in an event: its id, image and status."""
-        return stranger_line(self.items.get(item_id)) if item_id in self.items else item_id
+        """How a pod (cluster) of the name is named in an event: a pod's id, image and status; a cluster's id and
+        node counts (pods/target.py's `describe`)."""
+        return self.describe(self.items[item_id]) if item_id in self.items else item_id
 
 
 class Kept(Protocol):
@@ -145,7 +147,7 @@ class KeptPod:
             )
             for p in named
         ]
-        return Scan(converge(seen, kept=self.target_id), {p.id: p for p in named}, tuple(seen))
+        return Scan(converge(seen, kept=self.target_id), {p.id: p for p in named}, tuple(seen), self.target.describe)
 
     def adopt(self, target_id: str, scan: Scan) -> bool:
         """Keep the pod `target_id` of the scan; True when it is another one than the pod kept so far."""

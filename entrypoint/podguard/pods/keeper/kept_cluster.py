@@ -71,7 +71,7 @@ class KeptCluster:
             )
             for c in named
         ]
-        return Scan(converge(seen, kept=self.target_id), {c.id: c for c in named}, tuple(seen))
+        return Scan(converge(seen, kept=self.target_id), {c.id: c for c in named}, tuple(seen), self.target.describe)
 
     def _owner(self, cluster: Cluster) -> bool | None:
         """Whether the cluster's members carry podguard's mark for the name; None until a member is listed. The
