@@ -264,3 +264,28 @@ def test_a_lost_spot_pod_with_a_store_comes_back_on_a_new_spot_pod(standin, tmp_
     assert new.id != old.id and new.interruptible and old.status == "TERMINATED"
     say_end(world, new, "success", 0)
     assert finish(proc)[0] == 0 and not billing(world)
+
+
+def test_a_strangers_cluster_of_the_name_is_named_as_a_cluster_and_never_touched(standin, tmp_path):  # noqa: F811
+    """The keeper's events name a cluster of the name as a cluster (its id and node counts), not as a pod."""
+    world = standin.world
+    spec = write_spec(tmp_path / "cluster.toml", CLUSTER_SPEC)
+    proc = keep(spec)
+    passes(tmp_path, 2, name="ring")
+    world.set_capacity("NVIDIA A40", 8)
+    theirs = world.create_cluster(  # someone's own cluster of the name: its members carry no podguard mark
+        {
+            "name": "ring",
+            "type": "TRAINING",
+            "compute": {"gpuTypeId": "NVIDIA A40", "gpuCountPerPod": 2, "podCount": 2},
+            "image": "their/trainer:1",
+        }
+    )
+    (said,) = wait_event(tmp_path, "stranger", name="ring")
+    assert f"cluster {theirs.id} (0/2 RUNNING" in said["text"], said["text"]
+    assert f"pod {theirs.id}" not in said["text"], said["text"]
+    mine = next(c for c in world.clusters.values() if c.id != theirs.id)
+    for rank in (1, 0):
+        say_end(world, world.pods[mine.members[rank]], "success", 0)
+    assert finish(proc)[0] == 0
+    assert theirs.id in world.clusters and not standin.calls("DELETE", rf"/{theirs.id}$")

@@ -23,15 +23,15 @@ from podguard.errors import ExitCode, PodguardError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.mark import Mark, mark_of, name_hash, owned, with_mark
-from podguard.pods.placement import create_first_fit
+from podguard.pods.mark import kept_or_marked, owned
+from podguard.pods.placement import Created, create_first_fit
 from podguard.pods.pod import Pod, PodAction, PodRequest, PodStatus, Volume
 from podguard.pods.readiness import ReadyOutcome, wait_ready, wait_status
 from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 from podguard.state import state_dir, subdir, write_private
 
-__all__ = ["HealResult", "HealStep", "StepRecord", "heal", "heal_record", "replacement_request"]
+__all__ = ["HealResult", "HealStep", "StepRecord", "Steps", "heal", "heal_record", "replacement_request"]
 
 
 class HealStep(StrEnum):
@@ -67,9 +67,8 @@ def replacement_request(pod: Pod, *, extra_env: Mapping[str, str] | None = None,
     volume = pod.volume
     if volume is not None and not volume.network:
         volume = Volume(path=volume.path, size_gb=volume.size_gb)
-    env = {**pod.env, **(extra_env or {})}
-    if mark_of(env) is None:
-        env = with_mark(env, Mark(name_hash(pod.name), made_by, "", pod.gpu.count if pod.gpu else None))
+    gpus = pod.gpu.count if pod.gpu else None
+    env = kept_or_marked({**pod.env, **(extra_env or {})}, pod.name, gpus, made_by=made_by)
     return PodRequest(
         name=pod.name,
         image=pod.image,
@@ -86,14 +85,26 @@ def replacement_request(pod: Pod, *, extra_env: Mapping[str, str] | None = None,
     )
 
 
-class _Ladder:
-    def __init__(self, api: PodApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
-        self.api, self.timeout_s, self.tuning, self.progress = api, timeout_s, tuning, progress
+class Steps:
+    """The steps of one heal, a pod's or a cluster's (clusters/heal.py), in order: each said as it is recorded."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
         self.steps: list[StepRecord] = []
 
-    def record(self, step: HealStep, result: str, detail: str, pod: Pod) -> None:
-        self.steps.append(StepRecord(step, result, detail, pod.id))
+    def record(self, step: HealStep, result: str, detail: str, target: Created) -> None:
+        self.steps.append(StepRecord(step, result, detail, target.id))
         self.progress.say(f"heal {step}: {result}" + (f" ({detail})" if detail else ""))
+
+    def record_judged(self, step: HealStep, passed: bool, said: bool, detail: str, target: Created) -> None:
+        """A step whose outcome was judged: pass, fail (a verdict said so), or timeout (none did)."""
+        self.record(step, "pass" if passed else ("fail" if said else "timeout"), detail, target)
+
+
+class _Ladder(Steps):
+    def __init__(self, api: PodApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
+        super().__init__(progress)
+        self.api, self.timeout_s, self.tuning = api, timeout_s, tuning
 
     def ready(self, pod: Pod, not_started_at: str | None) -> ReadyOutcome:
         return wait_ready(
@@ -107,9 +118,9 @@ class _Ladder:
 
     def judged(self, step: HealStep, outcome: ReadyOutcome) -> bool:
         word = outcome.verdict.word if outcome.verdict else ""
-        result = "pass" if outcome.code == ExitCode.OK else ("fail" if outcome.verdict else "timeout")
-        self.record(step, result, word or outcome.message, outcome.pod)
-        return outcome.code == ExitCode.OK
+        passed = outcome.code == ExitCode.OK
+        self.record_judged(step, passed, outcome.verdict is not None, word or outcome.message, outcome.pod)
+        return passed
 
     def restart(self, pod: Pod) -> ReadyOutcome | None:
         self.progress.say(f"heal step 1: restart pod {pod.name} ({pod.id})")

@@ -30,6 +30,7 @@ __all__ = [
     "ENV_MARK",
     "Mark",
     "Marked",
+    "kept_or_marked",
     "mark_of",
     "marked_spec",
     "name_hash",
@@ -101,6 +102,13 @@ def owned(pod: Marked, name: str, adopted: Collection[str] = ()) -> bool:
 
 def with_mark(env: Mapping[str, str], mark: Mark) -> dict[str, str]:
     return {**{k: v for k, v in env.items() if k != ENV_MARK}, ENV_MARK: mark.text()}
+
+
+def kept_or_marked(env: Mapping[str, str], name: str, gpus: int | None, *, made_by: str) -> dict[str, str]:
+    """A copy's env (a heal's replacement pod or cluster): the original's mark kept (a replacement is still the
+    keep's), or a new one for its name, made by `made_by`, when it had none (podguard made the copy)."""
+    env = dict(env)
+    return env if mark_of(env) is not None else with_mark(env, Mark(name_hash(name), made_by, "", gpus))
 
 
 def marked_spec(spec: PodSpec, *, keep: str) -> PodSpec:

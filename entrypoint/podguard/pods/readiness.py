@@ -24,12 +24,18 @@ from podguard.pods.pod import LogEvent, Pod, PodStatus
 from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
-__all__ = ["VERDICT_LINE", "ReadyOutcome", "Verdict", "parse_verdict", "wait_ready", "wait_status"]
+__all__ = ["VERDICT_LINE", "ReadyOutcome", "Verdict", "backfill", "parse_verdict", "wait_ready", "wait_status"]
 
 # The first line of every preflight summary (report.format_summary): `podguard <command>: <VERDICT> ...`.
 VERDICT_LINE = re.compile(r"\bpodguard ([a-z][a-z0-9-]*): (PASS|BUSY|UNHEALTHY|FAIL|MISSING|BAD-INPUT)\b")
 _STOPPED = (PodStatus.EXITED, PodStatus.ERROR, PodStatus.TERMINATED)
 BACKFILL_WITHOUT_START = 500  # lines to read back when the API does not say when the pod started
+
+
+def backfill(since: str | None) -> int | None:
+    """How many lines a log stream reads back: none when it can start at the pod's start (`since`), else the last
+    BACKFILL_WITHOUT_START (the API did not say when the pod started)."""
+    return None if since else BACKFILL_WITHOUT_START
 
 
 @dataclass
@@ -154,12 +160,11 @@ def _follow_verdict(
 
 
 def _follower(api: PodApi, pod: Pod, tuning: Tuning) -> LogFollower:
-    tail = None if pod.started_at else BACKFILL_WITHOUT_START
     follower = LogFollower(
         api,
         pod.id,
         since=pod.started_at,
-        tail=tail,
+        tail=backfill(pod.started_at),
         source="container",
         backoff_s=tuning.backoff_s,
         backoff_cap_s=tuning.backoff_cap_s,

@@ -16,13 +16,13 @@ from podguard.errors import UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
 from podguard.pods.kinds import refuse_other_kind
-from podguard.pods.mark import marked_spec, owned, stranger_line
-from podguard.pods.placement import create_first_fit, pods_named
+from podguard.pods.mark import stranger_line
 from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.readiness import ReadyOutcome, wait_ready
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
 from podguard.pods.status_lines import Progress
+from podguard.pods.target import PodTarget, check_adopted, one_of_name
 from podguard.pods.tuning import Tuning
 
 __all__ = ["UpResult", "pod_up"]
@@ -46,11 +46,10 @@ def pod_up(
     adopt: tuple[str, ...] = (),
 ) -> UpResult:
     refuse_other_kind(api, spec)
-    named = with_retry(lambda: pods_named(api, spec.name), api.policy, what=f"look up pod {spec.name}")
-    for wanted in adopt:
-        if wanted not in {p.id for p in named}:
-            raise UsageError(f"--adopt {wanted}: no pod named {spec.name!r} has that id (see `podguard pod list`)")
-    theirs = [p for p in named if not owned(p, spec.name, adopt)]
+    target = PodTarget(api)
+    named = with_retry(lambda: target.named(spec.name), api.policy, what=f"look up pod {spec.name}")
+    check_adopted(target.kind, {p.id for p in named}, adopt, spec.name)
+    theirs = [p for p in named if not target.owner(p, spec.name, adopt)]
     if theirs:
         raise UsageError(
             f"{stranger_line(theirs[0])} is named {spec.name!r} but was not made by podguard (it has no podguard "
@@ -58,13 +57,10 @@ def pod_up(
             f"{theirs[0].id}`), or hand it over: `podguard pod up --spec FILE --adopt {theirs[0].id}` (also the way "
             "in for a pod an earlier podguard made)"
         )
-    existing = named
+    one_of_name(target.kind, [p.id for p in named], spec.name)
     not_started_at: str | None = None
-    if len(existing) > 1:
-        ids = ", ".join(p.id for p in existing)
-        raise UsageError(f"{len(existing)} pods are named {spec.name!r} ({ids}); take the extra ones down first")
-    if existing:
-        pod = existing[0]
+    if named:
+        pod = named[0]
         if pod.image != spec.image and pod.image:
             progress.say(
                 f"note: pod {pod.name} runs {pod.image}, the spec says {spec.image}; `pod down` it to recreate"
@@ -78,8 +74,8 @@ def pod_up(
             progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: reusing it")
             action = "reused"
     else:
-        marked = marked_spec(spec, keep="up")
-        pod = create_first_fit(api, marked.candidates(), say=progress.say, mine=lambda p: owned(p, spec.name))
+        candidates = target.candidates(spec, keep="up")
+        pod = target.first_fit(candidates, say=progress.say, mine=lambda p: target.owner(p, spec.name))
         progress.say(f"created pod {pod.name} ({pod.id})")
         action = "created"
     if not wait:

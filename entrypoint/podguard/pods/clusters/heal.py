@@ -26,8 +26,8 @@ from podguard.pods.clusters.placement import create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi, member_refused
 from podguard.pods.errors import ApiError, ApiErrorKind
-from podguard.pods.heal import HealStep, StepRecord
-from podguard.pods.mark import Mark, mark_of, name_hash, with_mark
+from podguard.pods.heal import HealStep, StepRecord, Steps
+from podguard.pods.mark import kept_or_marked
 from podguard.pods.pod import PodAction, PodStatus
 from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
@@ -50,9 +50,7 @@ def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterReque
     mark kept (the cluster's own), or given (one for its name) when it had none: podguard made the new one."""
     model = next((m for m in members if m.rank == 0), members[0]).pod
     volume = model.volume
-    env = dict(model.env)
-    if mark_of(env) is None:
-        env = with_mark(env, Mark(name_hash(cluster.name), "heal", "", cluster.gpu.count))
+    env = kept_or_marked(model.env, cluster.name, cluster.gpu.count, made_by="heal")
     return ClusterRequest(
         name=cluster.name,
         type=cluster.type,
@@ -69,15 +67,11 @@ def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterReque
     )
 
 
-class _Healer:
+class _Healer(Steps):
     def __init__(self, api: ClusterApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
-        self.api, self.timeout_s, self.tuning, self.progress = api, timeout_s, tuning, progress
-        self.steps: list[StepRecord] = []
+        super().__init__(progress)
+        self.api, self.timeout_s, self.tuning = api, timeout_s, tuning
         self.refusal: ApiError | None = None  # how RunPod refused an action on a member
-
-    def record(self, step: HealStep, result: str, detail: str, cluster: Cluster) -> None:
-        self.steps.append(StepRecord(step, result, detail, cluster.id))
-        self.progress.say(f"heal {step}: {result}" + (f" ({detail})" if detail else ""))
 
     def judge(self, cluster_id: str) -> ClusterOutcome:
         return wait_cluster_ready(
@@ -162,8 +156,7 @@ class _Healer:
         return judged
 
     def _judged(self, step: HealStep, outcome: ClusterOutcome) -> None:
-        result = "pass" if outcome.code == ExitCode.OK else ("fail" if outcome.verdicts else "timeout")
-        self.record(step, result, outcome.message, outcome.cluster)
+        self.record_judged(step, outcome.code == ExitCode.OK, bool(outcome.verdicts), outcome.message, outcome.cluster)
 
 
 def _sick(outcome: ClusterOutcome) -> list[int]:

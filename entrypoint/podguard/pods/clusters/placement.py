@@ -15,12 +15,9 @@ from collections.abc import Callable, Collection, Sequence
 from podguard.errors import UsageError
 from podguard.pods.clusters.cluster import Cluster, ClusterRequest
 from podguard.pods.clusters.rest import ClusterApi
-from podguard.pods.errors import ApiErrorKind
 from podguard.pods.placement import first_fit
 
 __all__ = ["clusters_named", "create_cluster_first_fit", "find_cluster"]
-
-_NEXT_CANDIDATE = (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED, ApiErrorKind.FORBIDDEN)
 
 
 def clusters_named(api: ClusterApi, name: str, *, exclude: Collection[str] = ()) -> list[Cluster]:

@@ -22,7 +22,7 @@ from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.clusters.streams import NodeStreams, prefixed
 from podguard.pods.errors import ApiError
 from podguard.pods.pod import LogEvent, PodStatus
-from podguard.pods.readiness import BACKFILL_WITHOUT_START, Verdict, parse_verdict
+from podguard.pods.readiness import Verdict, backfill, parse_verdict
 from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
@@ -118,8 +118,7 @@ def wait_cluster_ready(
 
 
 def _open(streams: NodeStreams, member: Member) -> None:
-    tail = None if member.pod.started_at else BACKFILL_WITHOUT_START
-    streams.open(member, since=member.pod.started_at, tail=tail, source="container")
+    streams.open(member, since=member.pod.started_at, tail=backfill(member.pod.started_at), source="container")
 
 
 def _verdicts(

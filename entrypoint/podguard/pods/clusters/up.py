@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 from podguard.errors import UsageError
 from podguard.pods.clusters.cluster import Cluster
-from podguard.pods.clusters.placement import clusters_named, create_cluster_first_fit
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
 from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.clusters.target import ClusterTarget
 from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.limits import GUARD_KEYS, LIMIT_KEYS
-from podguard.pods.mark import marked_spec, owned
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
 from podguard.pods.status_lines import Progress
+from podguard.pods.target import check_adopted, one_of_name
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterUpResult", "cluster_up", "guards_on"]
@@ -68,22 +68,18 @@ def cluster_up(
             "volumes stay), and --max-cost counts every node's spend"
         )
     refuse_other_kind(api.pods, spec)
-    existing = with_retry(lambda: clusters_named(api, spec.name), api.policy, what=f"look up cluster {spec.name}")
-    for wanted in adopt:
-        if wanted not in {c.id for c in existing}:
-            raise UsageError(f"--adopt {wanted}: no cluster named {spec.name!r} has that id (see `podguard pod list`)")
+    target = ClusterTarget(api)
+    existing = with_retry(lambda: target.named(spec.name), api.policy, what=f"look up cluster {spec.name}")
+    check_adopted(target.kind, {c.id for c in existing}, adopt, spec.name)
     for cluster in existing:
-        members = api.members(cluster.id)
-        if cluster.id not in adopt and members and not all(owned(m.pod, spec.name) for m in members):
+        if target.owner(cluster, spec.name) is False and cluster.id not in adopt:
             raise UsageError(
                 f"cluster {cluster.id} ({cluster.summary()}) is named {spec.name!r} but was not made by podguard (its "
                 f"pods have no podguard mark): `pod up` will not touch it. Give the spec another name, remove it "
                 f"(`podguard pod down {cluster.id}`), or hand it over: `podguard pod up --spec FILE --adopt "
                 f"{cluster.id}`"
             )
-    if len(existing) > 1:
-        ids = ", ".join(c.id for c in existing)
-        raise UsageError(f"{len(existing)} clusters are named {spec.name!r} ({ids}); take the extra ones down first")
+    one_of_name(target.kind, [c.id for c in existing], spec.name)
     if existing:
         cluster = existing[0]
         if cluster.nodes != spec.cluster.nodes or cluster.gpu.count != (spec.gpu.count if spec.gpu else 0):
@@ -94,8 +90,7 @@ def cluster_up(
         progress.say(f"cluster {cluster.name} ({cluster.id}) exists ({cluster.summary()}): reusing it")
         action = "reused"
     else:
-        marked = marked_spec(spec, keep="up")
-        cluster = create_cluster_first_fit(api, marked.cluster_candidates(), say=progress.say)
+        cluster = target.first_fit(target.candidates(spec, keep="up"), say=progress.say)
         progress.say(f"created cluster {cluster.name} ({cluster.id}): {cluster.nodes} nodes")
         action = "created"
     if not wait:

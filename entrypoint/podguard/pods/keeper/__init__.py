@@ -13,7 +13,7 @@ The keeper:
     reconcile.py    each poll's first step: strangers named, surplus terminated, the one kept adopted, the first create
     recovery.py     starts and replacements (remove, then create; one of its own made meanwhile is adopted)
     ending.py       the end: recorded first, `done` only once the stop reads back, then `done` in the record
-    target.py       a pod behind one interface (cluster_target.py: a cluster), each poll one listing of the name
+    kept.py         the pod kept, poll to poll, over pods/target.py (kept_cluster.py: a cluster); one listing a poll
     actuate.py      the hands: every create, start, stop, terminate fenced and read back; creates and starts leased
     fence.py        the user's word read again before every action; leases for `pod down`
     intent_store.py where the word lives: a RunPod template per name, the one place every actor can read

@@ -4,7 +4,8 @@
     pod = hands.start(pod)              # fence, lease, start, then read back until it boots (None: not confirmed)
     hands.stop(pod_id)                  # True once it reads back EXITED (or gone)
     hands.terminate(pod_id)             # True once it reads back gone
-    pod = hands.create(candidates, owned_named, say)   # each attempt fenced and leased; a lost answer looked up
+    hands.delete_cluster(ClusterTarget(clusters), cid)   # True once it reads back 404 (pods/target.deleted)
+    pod = hands.create(PodTarget(api), candidates, owned_named, say)   # fenced and leased; a lost answer looked up
 
 An action counts only once the pod reads back in its new state, read every `tuning.poll_s` for up to `confirm_s`
 and sent once more half-way (a stop answered 200 but not carried out is made again). A 409 is no reason to end: the
@@ -20,21 +21,22 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.cluster import Cluster, ClusterRequest
-from podguard.pods.clusters.rest import ClusterApi
+from podguard.pods.clusters.target import ClusterTarget
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.fence import Fence
 from podguard.pods.keeper.intent_store import rest_of
 from podguard.pods.keeper.interrupt import held
 from podguard.pods.placement import first_fit
-from podguard.pods.pod import Pod, PodAction, PodRequest, PodStatus
+from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.retry import with_retry
+from podguard.pods.target import Target, deleted
 from podguard.pods.tuning import Tuning
 
 __all__ = ["BOOTING", "Actuator"]
 
 BOOTING = (PodStatus.PROVISIONING, PodStatus.STARTING, PodStatus.RUNNING)
 T = TypeVar("T")
+R = TypeVar("R")
 Say = Callable[[str], None]
 
 
@@ -138,50 +140,23 @@ class Actuator:
         refused = send()
         return self._until(pod_id, lambda p: p is None, send, refused) is not False
 
-    def delete_cluster(self, clusters: ClusterApi, cluster_id: str) -> bool:
-        """Delete the cluster: True once it reads back gone (a cluster has no stop)."""
-        self.fence.check()
-
-        def gone() -> bool:
-            try:
-                clusters.get_cluster(cluster_id)
-            except ApiError as exc:
-                if exc.kind is ApiErrorKind.NOT_FOUND:
-                    return True
-                raise
-            return False
-
-        def send() -> None:
-            try:
-                clusters.delete_cluster(cluster_id)
-            except ApiError as exc:
-                if exc.kind is not ApiErrorKind.NOT_FOUND:
-                    raise
-
-        send()
-        deadline = time.monotonic() + self.confirm_s
-        resent = False
-        while not gone():
-            if time.monotonic() >= deadline:
-                return False
-            if not resent and time.monotonic() >= deadline - self.confirm_s / 2:
-                resent = True
-                self.fence.check()
-                send()
-            time.sleep(max(0.0, min(self.tuning.poll_s, deadline - time.monotonic())))
-        return True
-
-    def create(self, candidates: Sequence[PodRequest], named: Callable[[str], list[Pod]], say: Say) -> Pod:
-        """The spec's candidates in order (pods/placement.py's walk); each attempt fenced, leased and sent with
-        SIGTERM held; `named` finds the keeper's own pods of the name (a lost answer is looked up, never sent
-        twice)."""
-        return first_fit(
-            candidates, self._create_once, named, self.api.policy, say=say, kind="pod", none_fits="any candidate"
+    def delete_cluster(self, target: ClusterTarget, cluster_id: str) -> bool:
+        """Delete the cluster, the user's word read again before each send: True once it reads back gone (a
+        cluster has no stop)."""
+        return deleted(
+            target, cluster_id, within_s=self.confirm_s, poll_s=self.tuning.poll_s, before_send=self.fence.check
         )
 
-    def _create_once(self, request: PodRequest) -> Pod:
-        self.fence.check()
-        return self._leased(lambda: self.api.create_pod(request))
+    def create(self, target: Target[T, R], candidates: Sequence[R], named: Callable[[str], list[T]], say: Say) -> T:
+        """The spec's candidates in order (pods/placement.py's walk), a pod's or a cluster's (every node at once);
+        each attempt fenced, leased and sent with SIGTERM held; `named` finds the keeper's own of the name (a lost
+        answer is looked up, never sent twice)."""
+
+        def once(request: R) -> T:
+            self.fence.check()
+            return self._leased(lambda: target.create(request))
+
+        return first_fit(candidates, once, named, target.policy, say=say, kind=target.kind, none_fits=target.none_fits)
 
     def _leased(self, send: Callable[[], T]) -> T:
         """Send ONE create (start) attempt under a lease, SIGTERM held while it is in flight: an answer ends the
@@ -196,20 +171,3 @@ class Actuator:
                 raise
             self.fence.release(token)
             return got
-
-    def create_cluster(
-        self,
-        clusters: ClusterApi,
-        candidates: Sequence[ClusterRequest],
-        named: Callable[[str], list[Cluster]],
-        say: Say,
-    ) -> Cluster:
-        """As `create`, for a cluster (every node at once)."""
-
-        def once(request: ClusterRequest) -> Cluster:
-            self.fence.check()
-            return self._leased(lambda: clusters.create_cluster(request))
-
-        return first_fit(
-            candidates, once, named, clusters.policy, say=say, kind="cluster", none_fits="all nodes of any candidate"
-        )

@@ -34,18 +34,18 @@ from podguard.pods.auth import load_api_key
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.keeper.actuate import Actuator
 from podguard.pods.keeper.claim import KeepOver, claim_here, claim_inside, deploy, refuse_strangers
-from podguard.pods.keeper.cluster_target import ClusterTarget
 from podguard.pods.keeper.deploy import ENV_KEEPER_OF, ENV_SPEC_B64, end_own_pod, keeper_spec, spec_from_env
 from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.fence import Fence
 from podguard.pods.keeper.intent import Intent, Word
 from podguard.pods.keeper.intent_store import IntentStore
+from podguard.pods.keeper.kept import Kept, KeptPod
+from podguard.pods.keeper.kept_cluster import KeptCluster
 from podguard.pods.keeper.loop import Keeper, KeepResult
 from podguard.pods.keeper.notify import Notifier, check_notify_url, is_secret_reference
 from podguard.pods.keeper.options import KNOBS, KeepOptions, check_key_secret, keep_options
 from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.registry import Refused, Unregistered, register
-from podguard.pods.keeper.target import PodTarget, Target
 from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.pod import public_view
 from podguard.pods.spec import PodSpec, load_spec
@@ -310,10 +310,10 @@ def _notes(spec: PodSpec, events: Events) -> None:
         )
 
 
-def _target(client: PodApi, spec: PodSpec, options: KeepOptions, tuning: Tuning, *, keep_id: str) -> Target:
+def _target(client: PodApi, spec: PodSpec, options: KeepOptions, tuning: Tuning, *, keep_id: str) -> Kept:
     if spec.cluster is not None:
-        return ClusterTarget(cluster_api(client), spec, tuning, options.silence_s, keep_id=keep_id)
-    return PodTarget(client, spec, tuning, keep_id=keep_id)
+        return KeptCluster(cluster_api(client), spec, tuning, options.silence_s, keep_id=keep_id)
+    return KeptPod(client, spec, tuning, keep_id=keep_id)
 
 
 def _summary(request: KeepRequest, spec: PodSpec, result: KeepResult, store: KeepStore) -> None:

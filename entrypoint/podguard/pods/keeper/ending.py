@@ -24,9 +24,9 @@ from podguard.pods.keeper.decide import JobView, Outcome
 from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.fence import Fence, Superseded
 from podguard.pods.keeper.intent import Word
+from podguard.pods.keeper.kept import Kept, Scan, not_confirmed
 from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.record import KeepState, KeepStore
-from podguard.pods.keeper.target import Scan, Target, not_confirmed
 from podguard.pods.spec import PodSpec
 
 __all__ = ["TRANSIENT", "Ending", "KeepResult"]
@@ -49,7 +49,7 @@ class KeepResult:
 class Ending:
     """The endings of Keeper (loop.py): success, guard, the job's failure, a crash loop, a give-up, a refusal."""
 
-    target: Target
+    target: Kept
     store: KeepStore
     options: KeepOptions
     events: Events

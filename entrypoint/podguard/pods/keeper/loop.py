@@ -26,12 +26,12 @@ from podguard.pods.keeper.events import Events
 from podguard.pods.keeper.fence import Fence, Superseded
 from podguard.pods.keeper.intent import Intent, Word
 from podguard.pods.keeper.interrupt import Interrupted, signals_raise
+from podguard.pods.keeper.kept import Kept
 from podguard.pods.keeper.lines import CueKind, read_line
 from podguard.pods.keeper.options import KeepOptions
 from podguard.pods.keeper.reconcile import Reconciling
 from podguard.pods.keeper.record import KeepState, KeepStore
 from podguard.pods.keeper.recovery import FAST_WINDOW_S
-from podguard.pods.keeper.target import Target
 from podguard.pods.pod import LogEvent, PodStatus
 from podguard.pods.spec import PodSpec
 
@@ -41,7 +41,7 @@ __all__ = ["KeepOptions", "KeepResult", "Keeper"]
 class Keeper(Reconciling):
     def __init__(
         self,
-        target: Target,
+        target: Kept,
         store: KeepStore,
         options: KeepOptions,
         events: Events,

@@ -17,8 +17,8 @@ import time
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Observed
 from podguard.pods.keeper.ending import KeepResult
+from podguard.pods.keeper.kept import Scan
 from podguard.pods.keeper.recovery import Recovering
-from podguard.pods.keeper.target import Scan
 from podguard.pods.pod import PodStatus
 
 __all__ = ["Reconciling"]

@@ -21,7 +21,7 @@ from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.converge import pick
 from podguard.pods.keeper.decide import Act, Decision, Observed
 from podguard.pods.keeper.ending import TRANSIENT, Ending, KeepResult
-from podguard.pods.keeper.target import not_confirmed
+from podguard.pods.keeper.kept import not_confirmed
 from podguard.pods.pod import PodStatus
 
 __all__ = ["FAST_WINDOW_S", "Recovering", "comes_back_from"]

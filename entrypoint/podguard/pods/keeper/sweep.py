@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from podguard.pods.api import PodApi
-from podguard.pods.clusters.placement import clusters_named
-from podguard.pods.clusters.rest import ClusterApi, cluster_api
+from podguard.pods.clusters.rest import cluster_api
+from podguard.pods.clusters.target import ClusterTarget
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.claim import speaker, terminate_and_confirm
 from podguard.pods.keeper.converge import Seen, pick
@@ -35,6 +35,7 @@ from podguard.pods.keeper.record import iso_now
 from podguard.pods.keeper.registry import end_local_keepers
 from podguard.pods.mark import owned
 from podguard.pods.pod import Pod, PodAction, PodStatus
+from podguard.pods.target import deleted
 from podguard.pods.tuning import Tuning
 
 __all__ = ["Ended", "end_name", "land_s"]
@@ -164,39 +165,16 @@ def _sweep(
             say(f"pod {name} ({pod.id}) terminated")
         else:
             ended.left.append(pod.id)
-    clusters = cluster_api(api)
-    for cluster in clusters_named(clusters, name):
-        members = clusters.members(cluster.id)
-        if cluster.id not in adopted and not (members and all(owned(m.pod, name) for m in members)):
+    clusters = ClusterTarget(cluster_api(api))
+    for cluster in clusters.named(name):
+        if not clusters.owner(cluster, name) and cluster.id not in adopted:
             continue
         ended.owned_seen = True
-        if _delete(clusters, cluster.id, tuning):
+        if deleted(clusters, cluster.id, within_s=60.0, poll_s=tuning.poll_s, min_sleep_s=0.05):
             ended.terminated.append(cluster.id)
             say(f"cluster {name} ({cluster.id}) deleted: all {cluster.nodes} nodes")
         else:
             ended.left.append(cluster.id)
-
-
-def _delete(clusters: ClusterApi, cluster_id: str, tuning: Tuning) -> bool:
-    """Delete the cluster and read it back gone (within a minute; sent again once)."""
-    deadline = time.monotonic() + 60.0
-    sent = 0
-    while time.monotonic() < deadline:
-        if sent < 2 and (sent == 0 or time.monotonic() > deadline - 30.0):
-            sent += 1
-            try:
-                clusters.delete_cluster(cluster_id)
-            except ApiError as exc:
-                if exc.kind is not ApiErrorKind.NOT_FOUND:
-                    raise
-        try:
-            clusters.get_cluster(cluster_id)
-        except ApiError as exc:
-            if exc.kind is ApiErrorKind.NOT_FOUND:
-                return True
-            raise
-        time.sleep(max(0.05, tuning.poll_s))
-    return False
 
 
 def _stop(api: PodApi, pod: Pod, tuning: Tuning) -> bool:

@@ -1,11 +1,11 @@
-"""The cluster side of what the keeper keeps: an Instant Cluster behind target.py's interface.
+"""The cluster side of what the keeper keeps: an Instant Cluster behind kept.py's interface.
 
-    target = ClusterTarget(cluster_api(api), spec, tuning, silence_s=900, keep_id="k3-9f2a1c")
-    scan = target.scan(adopted)        # ONE `GET /v2/clusters`; a new cluster of the name: its members, once
+    kept = KeptCluster(cluster_api(api), spec, tuning, silence_s=900, keep_id="k3-9f2a1c")
+    scan = kept.scan(adopted)          # ONE `GET /v2/clusters`; a new cluster of the name: its members, once
 
 A poll is one listing of the clusters (`GET /v2/clusters`: names and each cluster's aggregate status). A cluster's
-mark is read from its member pods (`GET /v2/clusters/{id}/pods`: the Cluster object has no env), once per cluster:
-until its members are listed its owner is not known, and it is waited for, never duplicated. The members are listed
+mark is read from its member pods, once per cluster (pods/clusters/target.py's `ClusterTarget`): until its members
+are listed its owner is not known, and it is waited for, never duplicated. The members are listed
 again only when a node stopped or left, when a silent node is due a check, or when a node's failure asks whether a
 peer was lost. A cluster has no start and no stop: it is replaced whole, and deleting it is what ends its billing.
 """
@@ -14,40 +14,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import replace
 
-from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
+from podguard.pods.clusters.cluster import Cluster, Member
 from podguard.pods.clusters.rest import ClusterApi
 from podguard.pods.clusters.streams import NodeStreams
+from podguard.pods.clusters.target import ClusterTarget
 from podguard.pods.keeper.actuate import Actuator
 from podguard.pods.keeper.converge import Seen, converge
 from podguard.pods.keeper.decide import NodeState, Observed
-from podguard.pods.keeper.record import KeepState, NodeMark
+from podguard.pods.keeper.kept import Scan, not_confirmed, open_stream
+from podguard.pods.keeper.record import KeepState
 from podguard.pods.keeper.spec_change import spec_changes
-from podguard.pods.keeper.target import Scan, not_confirmed
-from podguard.pods.mark import marked_spec, owned
 from podguard.pods.pod import PodStatus
-from podguard.pods.readiness import BACKFILL_WITHOUT_START
 from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning
 
-__all__ = ["ClusterTarget"]
+__all__ = ["KeptCluster"]
 
 Say = Callable[[str], None]
 
 
-class ClusterTarget:
+class KeptCluster:
     kind = "cluster"
 
     def __init__(
         self, api: ClusterApi, spec: PodSpec, tuning: Tuning, silence_s: float, *, keep_id: str = "up"
     ) -> None:
         self.api, self.spec, self.tuning, self.silence_s = api, spec, tuning, silence_s
+        self.target = ClusterTarget(api)
         self.name = spec.name
         self.keep_id = keep_id
         self.cluster: Cluster | None = None
         self.streams = NodeStreams(api.pods, tuning)
-        self._owners: dict[str, bool] = {}  # cluster id -> podguard's mark on its members (known once listed)
         self._followed: str | None = None  # the cluster id whose members' streams are open
         self._members: dict[int, Member] = {}
         self._listed_at = 0.0
@@ -62,7 +60,7 @@ class ClusterTarget:
 
     # -- seeing --------------------------------------------------------------------------------------------
     def scan(self, adopted: Collection[str]) -> Scan:
-        named = [c for c in self.api.list_clusters() if c.name == self.name]
+        named = self.target.listed(self.name)
         seen = [
             Seen(
                 c.id,
@@ -73,18 +71,15 @@ class ClusterTarget:
             )
             for c in named
         ]
-        return Scan(converge(seen, kept=self.target_id), {c.id: c for c in named}, tuple(seen))
+        return Scan(converge(seen, kept=self.target_id), {c.id: c for c in named}, tuple(seen), self.target.describe)
 
     def _owner(self, cluster: Cluster) -> bool | None:
-        """Whether the cluster's members carry podguard's mark for the name; None until a member is listed."""
-        if cluster.id not in self._owners:
-            members = self.api.members(cluster.id)
-            if not members:
-                return None
-            self._owners[cluster.id] = all(owned(m.pod, self.name) for m in members)
-            if cluster.id == self.target_id:
-                self._members = {m.rank: m for m in members if m.rank is not None}
-        return self._owners[cluster.id]
+        """Whether the cluster's members carry podguard's mark for the name; None until a member is listed. The
+        listing that tells it of the kept cluster is its members too."""
+        members = self.target.learn(cluster, self.name)
+        if members and cluster.id == self.target_id:
+            self._members = {m.rank: m for m in members if m.rank is not None}
+        return self.target.owners.get(cluster.id)
 
     def adopt(self, target_id: str, scan: Scan) -> bool:
         cluster = scan.items.get(target_id)
@@ -146,19 +141,9 @@ class ClusterTarget:
         self._members = {m.rank: m for m in members if m.rank is not None}
         everyone = self.cluster.status is PodStatus.RUNNING and len(self._members) >= self.cluster.nodes
         if everyone and self._followed != self.cluster.id:
-            for rank, member in sorted(self._members.items()):
-                self._open(rank, member, state)
+            for _rank, member in sorted(self._members.items()):
+                open_stream(self.streams, member, state)
             self._followed = self.cluster.id
-
-    def _open(self, rank: int, member: Member, state: KeepState) -> None:
-        mark = state.nodes.get(str(rank))
-        resume = mark is not None and mark.pod_id == member.pod.id
-        since = (mark.started_at if resume and mark is not None else None) or member.pod.started_at
-        last = mark.last_event_id if resume and mark is not None else ""
-        if not resume:
-            state.nodes[str(rank)] = NodeMark(member.pod.id, member.pod.started_at)
-        tail = None if since else BACKFILL_WITHOUT_START
-        self.streams.open(member, since=since, tail=tail, source="container", last_event_id=last)
 
     def stream_lost(self, rank: int) -> None:
         self.streams.close_node(rank)
@@ -174,25 +159,16 @@ class ClusterTarget:
             return True
         if target_id == self.target_id:
             self.forget()
-        return hands.delete_cluster(self.api, target_id)
+        return hands.delete_cluster(self.target, target_id)
 
     def create(self, hands: Actuator, say: Say, dc: str | None, adopted: Collection[str]) -> None:
-        spec = marked_spec(self.spec, keep=self.keep_id)
-        candidates: list[ClusterRequest] = spec.cluster_candidates()
-        if dc and self.spec.volume is not None and self.spec.volume.network:
-            seen: set[object] = set()
-            pinned = []
-            for c in candidates:
-                if c.gpu not in seen:
-                    seen.add(c.gpu)
-                    pinned.append(replace(c, data_center=dc))
-            candidates = pinned
+        candidates = self.target.candidates(self.spec, keep=self.keep_id, dc=dc)
 
         def mine(name: str) -> list[Cluster]:
-            return [c for c in self.api.list_clusters() if c.name == name and self._owner(c)]
+            return [c for c in self.target.listed(name) if self._owner(c)]
 
-        self.cluster = hands.create_cluster(self.api, candidates, mine, say)
-        self._owners[self.cluster.id] = True
+        self.cluster = hands.create(self.target, candidates, mine, say)
+        self.target.owners[self.cluster.id] = True
 
     def stop(self, hands: Actuator, *, why: str, terminate_error: bool = False) -> str:
         """A cluster has no stop: deleting it is what ends its billing (network volumes stay)."""

@@ -1,22 +1,24 @@
-"""What the keeper keeps, a pod or an Instant Cluster, behind one small interface; the pod side is here.
+"""What the keeper keeps, a pod or an Instant Cluster, as it follows it from poll to poll; the pod side is here.
 
-    target = PodTarget(api, spec, tuning)       # or ClusterTarget(cluster_api(api), spec, tuning, silence_s)
-    scan = target.scan(adopted)                 # ONE listing of the name: the plan (converge.py) and what it saw
-    target.adopt(scan.plan.keep, scan)          # the one kept (its log stream opens once it runs)
-    observed = target.observe(state, silent)    # what decide() needs, from that same listing (no request)
-    target.start(hands); target.remove(hands); target.create(hands, say, dc); target.stop(hands, why="...")
+    kept = KeptPod(api, spec, tuning)          # or KeptCluster(cluster_api(api), spec, tuning, silence_s)
+    scan = kept.scan(adopted)                  # ONE listing of the name: the plan (converge.py) and what it saw
+    kept.adopt(scan.plan.keep, scan)           # the one kept (its log stream opens once it runs)
+    observed = kept.observe(state, silent)     # what decide() needs, from that same listing (no request)
+    kept.start(hands); kept.remove(hands); kept.create(hands, say, dc); kept.stop(hands, why="...")
 
-Each poll is one listing of the name (`GET /v2/pods`, whose Pod objects carry `env`: podguard's mark), never a
-lookup of "the pod I created". Every action goes through the keeper's hands (actuate.py: fenced by the user's word,
-read back). A replacement is "remove, then create"; a create whose answer was lost is looked up among the keeper's
-own pods of the name, and one that lands later is a surplus pod at the next poll (converge.py).
+What a pod or a cluster is in RunPod's API (a listing of the name, the mark, the marked candidates, a create) is
+pods/target.py's `Target`; a `Kept` adds the keeper's own state on top: the one kept, its log streams, what
+decide() is shown. Each poll is one listing of the name (`GET /v2/pods`, whose Pod objects carry `env`: podguard's
+mark), never a lookup of "the pod I created". Every action goes through the keeper's hands (actuate.py: fenced by
+the user's word, read back). A replacement is "remove, then create"; a create whose answer was lost is looked up
+among the keeper's own pods of the name, and one that lands later is a surplus pod at the next poll (converge.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.cluster import Member
@@ -27,24 +29,26 @@ from podguard.pods.keeper.converge import Plan, Seen, converge
 from podguard.pods.keeper.decide import NodeState, Observed
 from podguard.pods.keeper.record import KeepState, NodeMark
 from podguard.pods.keeper.spec_change import spec_changes
-from podguard.pods.mark import mark_of, marked_spec, owned, stranger_line
-from podguard.pods.pod import Pod, PodRequest, PodStatus
-from podguard.pods.readiness import BACKFILL_WITHOUT_START
+from podguard.pods.mark import mark_of, stranger_line
+from podguard.pods.pod import Pod, PodStatus
+from podguard.pods.readiness import backfill
 from podguard.pods.spec import PodSpec
+from podguard.pods.target import PodTarget
 from podguard.pods.tuning import Tuning
 
-__all__ = ["PodTarget", "Scan", "Target", "not_confirmed", "pinned"]
+__all__ = ["Kept", "KeptPod", "Scan", "not_confirmed", "open_stream"]
 
 Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Scan:
-    """One listing of the name: the plan, and each pod (cluster) it saw, by id."""
+    """One listing of the name: the plan, and each pod (cluster) it saw, by id, and how its target names one."""
 
     plan: Plan
-    items: Mapping[str, object] = field(default_factory=dict)
+    items: Mapping[str, Any] = field(default_factory=dict)
     seen: tuple[Seen, ...] = ()
+    describe: Callable[[Any], str] = stranger_line
 
     @property
     def mine(self) -> list[Seen]:
@@ -52,11 +56,12 @@ class Scan:
         return [s for s in self.seen if s.owned and s.status is not PodStatus.TERMINATED]
 
     def line(self, item_id: str) -> str:
-        """How a pod (cluster) of the name is named in an event: its id, image and status."""
-        return stranger_line(self.items.get(item_id)) if item_id in self.items else item_id
+        """How a pod (cluster) of the name is named in an event: a pod's id, image and status; a cluster's id and
+        node counts (pods/target.py's `describe`)."""
+        return self.describe(self.items[item_id]) if item_id in self.items else item_id
 
 
-class Target(Protocol):
+class Kept(Protocol):
     kind: str
     name: str
     streams: NodeStreams
@@ -96,25 +101,25 @@ def not_confirmed(what: str) -> ApiError:
     return ApiError(ApiErrorKind.TRANSIENT, f"{what}: not confirmed yet (the pod does not read back so)")
 
 
-def pinned(dc: str | None, candidates: list[PodRequest]) -> list[PodRequest]:
-    """Candidates in the network volume's data centre (a volume lives in one), one per GPU type, in order."""
-    if not dc:
-        return candidates
-    seen: set[object] = set()
-    out: list[PodRequest] = []
-    for c in candidates:
-        key = (c.gpu, c.cpu)
-        if key not in seen:
-            seen.add(key)
-            out.append(replace(c, data_center=dc))
-    return out
+def open_stream(streams: NodeStreams, member: Member, state: KeepState) -> None:
+    """Open a node's log stream: after its last event when the keep's record has this pod (a keeper started again),
+    else from its start (the last lines when the API does not say when it started), noted in the record."""
+    node, pod = str(member.rank or 0), member.pod
+    mark = state.nodes.get(node)
+    resume = mark is not None and mark.pod_id == pod.id
+    since = (mark.started_at if resume and mark is not None else None) or pod.started_at
+    last = mark.last_event_id if resume and mark is not None else ""
+    if not resume:
+        state.nodes[node] = NodeMark(pod.id, pod.started_at)
+    streams.open(member, since=since, tail=backfill(since), source="container", last_event_id=last)
 
 
-class PodTarget:
+class KeptPod:
     kind = "pod"
 
     def __init__(self, api: PodApi, spec: PodSpec, tuning: Tuning, *, keep_id: str = "up") -> None:
         self.api, self.spec, self.tuning = api, spec, tuning
+        self.target = PodTarget(api)
         self.name = spec.name
         self.keep_id = keep_id
         self.pod: Pod | None = None
@@ -131,18 +136,18 @@ class PodTarget:
 
     # -- seeing --------------------------------------------------------------------------------------------
     def scan(self, adopted: Collection[str]) -> Scan:
-        named = [p for p in self.api.list_pods() if p.name == self.name]
+        named = self.target.listed(self.name)
         seen = [
             Seen(
                 p.id,
                 p.status,
-                owned(p, self.name, adopted),
+                self.target.owner(p, self.name, adopted),
                 p.created_at,
                 runs=p.status is PodStatus.RUNNING and bool(p.has_runtime),
             )
             for p in named
         ]
-        return Scan(converge(seen, kept=self.target_id), {p.id: p for p in named}, tuple(seen))
+        return Scan(converge(seen, kept=self.target_id), {p.id: p for p in named}, tuple(seen), self.target.describe)
 
     def adopt(self, target_id: str, scan: Scan) -> bool:
         """Keep the pod `target_id` of the scan; True when it is another one than the pod kept so far."""
@@ -188,14 +193,7 @@ class PodTarget:
         self._stale = None
         if self._followed is not None and self._followed[0] == pod.id:
             return
-        mark = state.nodes.get("0")
-        resume = mark is not None and mark.pod_id == pod.id
-        since = (mark.started_at if resume and mark is not None else None) or pod.started_at
-        last = mark.last_event_id if resume and mark is not None else ""
-        if not resume:
-            state.nodes["0"] = NodeMark(pod.id, pod.started_at)
-        tail = None if since else BACKFILL_WITHOUT_START
-        self.streams.open(Member(pod, 0), since=since, tail=tail, source="container", last_event_id=last)
+        open_stream(self.streams, Member(pod, 0), state)
         self._followed = (pod.id, pod.started_at)
 
     def stream_lost(self, rank: int) -> None:
@@ -221,15 +219,12 @@ class PodTarget:
         return hands.terminate(target_id)
 
     def create(self, hands: Actuator, say: Say, dc: str | None, adopted: Collection[str]) -> None:
-        spec = marked_spec(self.spec, keep=self.keep_id)
-        candidates = spec.candidates()
-        if self.spec.volume is not None and self.spec.volume.network:
-            candidates = pinned(dc, candidates)  # a network volume pins the data centre; a store does not
+        candidates = self.target.candidates(self.spec, keep=self.keep_id, dc=dc)
 
         def mine(name: str) -> list[Pod]:
-            return [p for p in self.api.list_pods() if p.name == name and owned(p, name, adopted)]
+            return [p for p in self.target.listed(name) if self.target.owner(p, name, adopted)]
 
-        self.pod = hands.create(candidates, mine, say)
+        self.pod = hands.create(self.target, candidates, mine, say)
         self._stale = None
 
     def stop(self, hands: Actuator, *, why: str, terminate_error: bool = False) -> str:
