@@ -22,6 +22,8 @@ from typing import Any
 from pods_support import KEY, PODGUARD, SPAWNED
 from standin_state import PodRecord, World
 
+from loadfactor import scaled
+
 KEEP_FAST = {
     "PODGUARD_KEEP_SILENCE_S": "1",
     "PODGUARD_KEEP_SETTLE_S": "0.3",
@@ -63,6 +65,7 @@ def keep(spec: Path, *args: str, env: dict[str, str] | None = None, poll: str = 
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str, str]:
+    timeout = scaled(timeout)  # a deadline, not what the test checks: a busy machine's keeper ends later
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,6 +76,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 30.0) -> tuple[int, str
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()

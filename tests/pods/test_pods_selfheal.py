@@ -10,10 +10,10 @@ import sys
 import time
 
 import pytest
-from loadfactor import scaled
 from pods_support import PODGUARD, standin  # noqa: F401 (fixture)
 
 from fakenvml import scenario as sc
+from loadfactor import scaled
 
 JOB = ["train", "--mode", "single", "--", sys.executable, "-c", "pass"]
 
