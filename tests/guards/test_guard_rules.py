@@ -4,7 +4,6 @@ test (the end-to-end behaviour with real processes: tests/pods/test_pods_guards.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 
@@ -116,7 +115,7 @@ def test_the_idle_line_after_the_job_has_no_empty_guard_list(capsys):
     timer = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM))  # held there
     timer.start()
     try:
-        code = idle_guarded(0, None, cpu_only, out=sys.stderr)
+        code = idle_guarded(0, None, cpu_only)
     finally:
         timer.cancel()
     err = capsys.readouterr().err

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from containersim import in_container, nolock_env, require_namespaces
+from podguard import console
 from podguard.job.restart_guard import (
     LaunchAction,
     LaunchDecision,
@@ -213,14 +214,16 @@ def test_backoff_and_idle_end_on_a_signal():
     def signal_main_soon() -> None:
         threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM)).start()
 
-    out = io.StringIO()
     signal_main_soon()
     t0 = time.monotonic()
     decision = LaunchDecision(LaunchAction.BACKOFF, "waiting 30 s", delay_s=30)
-    got = backoff_wait(decision, out=out, step_s=0.1)
+    with console.captured() as said:
+        got = backoff_wait(decision, step_s=0.1)
     assert got == signal.SIGTERM and time.monotonic() - t0 < 5
-    assert "launching again in" in out.getvalue() and "not launching" in out.getvalue()
+    text = "\n".join(said)
+    assert "podguard: launching again in" in text and "not launching" in text
     signal_main_soon()
-    assert idle(3, Path("/state/jobs/x.json"), out=out) == 3
-    assert "outcome recorded in /state/jobs/x.json" in out.getvalue()
+    with console.captured() as said:
+        assert idle(3, Path("/state/jobs/x.json")) == 3
+    assert "outcome recorded in /state/jobs/x.json" in "\n".join(said)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -10,6 +10,7 @@ BrokenPipeError message and exit 120 at shutdown.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -56,7 +57,7 @@ COMMAND_MODULES: dict[str, str] = {
     "doctor": "podguard.cli.node",
     "train": "podguard.cli.launch",
     "run": "podguard.cli.launch",
-    "sweep": "podguard.cli.launch",
+    "sweep": "podguard.cli.sweep",
     "pod": "podguard.cli.pods",
     "template": "podguard.cli.pods",
     "image": "podguard.cli.image",
@@ -68,8 +69,6 @@ def _register(argv: list[str]) -> None:
     """Register the commands this invocation can reach: only the invoked one (`podguard run` is on a
     training job's start-up path); `--help`, no command, or an unknown one registers them all (help lists
     them; errors name them)."""
-    import importlib
-
     first = next((a for a in argv if not a.startswith("-")), None)
     names = [first] if first in COMMAND_MODULES else list(COMMAND_MODULES)
     for name in names:

@@ -1,16 +1,14 @@
-"""`podguard train`, `podguard run` and `podguard sweep`: thin commands over the conductor (job/conductor.py: one
-call, from the checks of the configuration to the END line) and `job/sweep.py`."""
+"""`podguard train` and `podguard run`: thin commands over the conductor (job/conductor.py: one call, from the checks
+of the configuration to the END line). `podguard sweep` is cli/sweep.py."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import typer
 
 from podguard.cli.options import LAUNCH, PREFLIGHT
 from podguard.cli.params import Command, options
-from podguard.errors import ExitCode, PodguardError
 from podguard.job.conductor import conduct
 from podguard.job.options import JobOptions
 from podguard.launch.config import DEMO_CPU_WORKERS, LaunchMode, demo_argv
@@ -57,30 +55,4 @@ def run(opts: PreflightOptions, launch: JobOptions, command: Command = None) -> 
     raise typer.Exit(conduct(list(command or []), launch, opts))
 
 
-@options(PREFLIGHT, ("gpu_list", "grace_s", "state_dir"), into="opts", command="sweep")
-def sweep(
-    opts: PreflightOptions,
-    command: Command = None,
-    gpus_per_run: str = typer.Option(..., "--gpus-per-run", envvar="PODGUARD_GPUS_PER_RUN", help="GPUs per run."),
-    runs: str | None = typer.Option(
-        None, "--runs", envvar="PODGUARD_RUNS", help="How many runs (default: as many as fit on the node)."
-    ),
-    name: str | None = typer.Option(None, "--name", envvar="PODGUARD_SWEEP_NAME", help="Sweep name (for logs)."),
-) -> None:
-    """Launch N concurrent `podguard train` runs of K GPUs each on this node (disjoint GPUs, distinct ports)."""
-    from podguard.job.sweep import plan_sweep, run_sweep
-    from podguard.preflight.inventory import read_inventory
-    from podguard.preflight.selection import select_gpus
-    from podguard.state import state_dir
-
-    base = state_dir(opts.state_dir)
-    _, snaps = read_inventory()
-    selection = select_gpus(snaps, gpu_list=opts.gpu_list, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    if selection.cpu_only:
-        raise PodguardError("a sweep splits GPUs between runs, but this node has no GPU", ExitCode.GPUS_MISSING)
-    plan = plan_sweep(list(selection.indices), gpus_per_run, runs)
-    result = run_sweep(plan, list(command or []), name=name, log_dir=base / "sweeps", grace_s=opts.grace_s)
-    raise typer.Exit(result.exit_code)
-
-
-COMMANDS = {"train": train, "run": run, "sweep": sweep}
+COMMANDS = {"train": train, "run": run}

@@ -9,12 +9,14 @@ Exit codes (docs/running-pods.md): 64 bad spec/arguments or an action the status
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from podguard import console
+from podguard.cli import pod_recovery  # noqa: F401 (its commands, heal and keep, join pod_app)
 from podguard.cli.pod_common import (
     Adopt,
     Api,
@@ -33,6 +35,8 @@ from podguard.cli.pod_common import (
     template_app,
 )
 from podguard.errors import ExitCode, PodguardError, UsageError
+from podguard.pods.clusters.cluster import Member
+from podguard.pods.pod import PodAction
 
 if TYPE_CHECKING:
     from podguard.pods.readiness import ReadyOutcome
@@ -43,8 +47,6 @@ __all__ = ["pod_app", "register", "template_app"]
 
 def register(app: typer.Typer, only: str | None = None) -> None:
     if only in (None, "pod"):
-        from podguard.cli import pod_recovery  # noqa: F401 (its commands, heal and keep, join pod_app)
-
         app.add_typer(pod_app, name="pod")
     if only in (None, "template"):
         app.add_typer(template_app, name="template")
@@ -52,7 +54,7 @@ def register(app: typer.Typer, only: str | None = None) -> None:
 
 # -- helpers ----------------------------------------------------------------------------------------------
 def _load_spec(path: Path) -> PodSpec:
-    from podguard.pods.spec import load_spec
+    from podguard.pods.spec import load_spec  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     return load_spec(path)
 
@@ -101,7 +103,7 @@ def up(
     adopt: Adopt = None,
 ) -> None:
     """Create the spec's pod (idempotent by name), then wait until it runs and its preflight passed."""
-    from podguard.pods.up import pod_up
+    from podguard.pods.up import pod_up  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     spec = _load_spec(spec_file)  # every check before the first request
     adopted = _adopt_ids(adopt)
@@ -112,7 +114,7 @@ def up(
     if spec.interruptible:
         progress.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
     if spec.cluster is not None:
-        from podguard.pods.clusters import commands
+        from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
         commands.up(
             client,
@@ -148,13 +150,13 @@ def up(
 @pod_app.command("status")
 def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
     """One pod or cluster: status, GPU, cost per hour, SSH command, ports (a cluster: each node too), its keeper."""
-    from podguard.pods.keeper.deploy import kept_by
+    from podguard.pods.keeper.deploy import kept_by  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod)
     kept = kept_by(client, target.name)
     extra = {"kept_by": kept.by(), "keeper": kept.view()}
     if is_cluster(target):
-        from podguard.pods.clusters import commands
+        from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
         commands.show(client, target, as_json=as_json, extra=extra)
     else:
@@ -167,7 +169,7 @@ def status(pod: PodRef, as_json: Json = False, api: Api = None, retry_for: Retry
 @pod_app.command("list")
 def list_(as_json: Json = False, api: Api = None, retry_for: RetryFor = 60.0) -> None:
     """Every pod of the account and one item per cluster, as a table or a JSON array."""
-    from podguard.pods.clusters import commands
+    from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     commands.list_all(api_client(api, retry_for), as_json=as_json)
 
@@ -190,12 +192,12 @@ def logs(
     """The pod's recent log lines (`--tail N`); `--follow` keeps streaming until interrupted.
 
     For a cluster, every node's lines prefixed `node<R>: ` (or one node's with `--node R`)."""
-    from podguard.pods.follow import LogFollower, print_logs
+    from podguard.pods.follow import LogFollower, print_logs  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod)
     tuning = pod_tuning()
     if is_cluster(target):
-        from podguard.pods.clusters import commands
+        from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
         try:
             commands.logs(client, target, node=node, tail=tail, follow=follow, as_json=as_json, tuning=tuning)
@@ -214,8 +216,6 @@ def logs(
 
 
 def _print_event(event: Any, as_json: bool) -> None:
-    from dataclasses import asdict
-
     if as_json:
         print(json.dumps(asdict(event)), flush=True)
     else:
@@ -231,12 +231,12 @@ def wait(
     retry_for: RetryFor = 60.0,
 ) -> None:
     """Wait until the pod runs and its preflight passed (76 when it failed, 75 on timeout)."""
-    from podguard.pods.readiness import wait_ready
+    from podguard.pods.readiness import wait_ready  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod)
     progress = new_progress()
     if is_cluster(target):
-        from podguard.pods.clusters import commands
+        from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
         commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=pod_tuning(), progress=progress)
         return
@@ -250,17 +250,15 @@ def wait(
 
 
 def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for: float) -> None:
-    from podguard.pods.actions import act_on
-    from podguard.pods.clusters import commands
-    from podguard.pods.clusters.cluster import Member
-    from podguard.pods.clusters.target import find_target
-    from podguard.pods.keeper.deploy import say_unkept
-    from podguard.pods.pod import PodAction
+    from podguard.pods.actions import act_on  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.clusters.target import find_target  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
+    from podguard.pods.keeper.deploy import say_unkept  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     wanted = PodAction(action)
     client = api_client(api, retry_for)
     if wanted in (PodAction.TERMINATE, PodAction.STOP):  # the user's word: written, keepers ended, swept
-        from podguard.pods.keeper.down import down_or_stop  # lazy: the CLI loads a command's modules when it runs
+        from podguard.pods.keeper.down import down_or_stop  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
         down_or_stop(client, ref, wanted, as_json=as_json, say=console.say, emit=emit)
         return

@@ -14,7 +14,6 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import TextIO
 
 from podguard import console
 from podguard.errors import ExitCode, signal_exit_code
@@ -50,7 +49,7 @@ def _by_hand(ended: Ended, code: int) -> str:
     return f"the pod could not be stopped: exiting {code}; stop it by hand: podguard pod stop {ended.pod_id}"
 
 
-def idle_guarded(code: int, record: Path | None, guards: GuardWatch, *, out: TextIO | None = None) -> int:
+def idle_guarded(code: int, record: Path | None, guards: GuardWatch) -> int:
     """`--on-exit idle` with `--idle-stop`/`--max-cost`: keep the container up until a signal or a guard fires."""
     where = f"; outcome recorded in {record}" if record is not None else ""
     with signals_held() as watched:
@@ -60,13 +59,12 @@ def idle_guarded(code: int, record: Path | None, guards: GuardWatch, *, out: Tex
             f"job ended with exit code {code}{where}. Idling to keep the container up (--on-exit idle); "
             + (f"{watching}; " if watching else "")
             + "stop the pod or send SIGTERM to end",
-            stream=out,
         )
         trip = None
         while trip is None:
             got = next_signal(watched, guards.next_delay(time.monotonic()))
             if got is not None:
-                console.say(f"received {signal.Signals(got).name}; leaving (job exit code {code})", stream=out)
+                console.say(f"received {signal.Signals(got).name}; leaving (job exit code {code})")
                 return code
             trip = guards.check(time.monotonic())
     return end_after_trip(trip)

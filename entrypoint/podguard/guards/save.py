@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from podguard.checkpoints import find_checkpoints, list_keys
 from podguard.durations import format_duration
 from podguard.guards.targets import catches, save_targets
 
@@ -56,8 +57,6 @@ class SaveSettings:
 
 def listed_keys(directory: Path) -> frozenset[Key]:
     """The checkpoints under `directory` as listed (none judged); empty when it does not exist (yet)."""
-    from podguard.checkpoints import list_keys
-
     try:
         return list_keys(directory)
     except OSError:
@@ -66,8 +65,6 @@ def listed_keys(directory: Path) -> frozenset[Key]:
 
 def newest_new(directory: Path, before: frozenset[Key]) -> Checkpoint | None:
     """The newest whole checkpoint not listed in `before` (only those are judged: a poll stays cheap)."""
-    from podguard.checkpoints import find_checkpoints
-
     try:
         return find_checkpoints(directory, until_whole=True, skip=before).chosen
     except OSError:

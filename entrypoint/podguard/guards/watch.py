@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
+from podguard.gpu.backend import NvmlUnavailable
+from podguard.gpu.factory import open_backend
 from podguard.guards.sampler import IdleTracker, UtilizationSampler
 from podguard.guards.settings import IDLE_UTILIZATION_PCT, GuardSettings
 from podguard.pods import thispod
@@ -86,9 +88,6 @@ class GuardWatch:
 
     def _open_backend(self) -> GpuBackend | None:
         if self._backend is None:
-            from podguard.gpu.backend import NvmlUnavailable
-            from podguard.gpu.factory import open_backend
-
             try:
                 self._backend = open_backend()
             except NvmlUnavailable as exc:

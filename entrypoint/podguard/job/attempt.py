@@ -15,23 +15,29 @@ from __future__ import annotations
 
 import os
 import re
-import sys
+import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.gpu.selected import Selection
 from podguard.job import restart_guard
+from podguard.job.accelerate import with_main_process_port
 from podguard.launch import modes
 from podguard.launch.config import JobConfig, LaunchMode
 from podguard.launch.job_env import line_buffering_env
 from podguard.launch.line_shims import buffering_warnings
 from podguard.launch.modes import pick_mode
+from podguard.launch.ports import allocate_master_port
+from podguard.launch.prefix import prefix_pattern, prefix_rank_pattern
 from podguard.launch.run import run_job
 from podguard.launch.spec import JobOutcome
+from podguard.launch.summary import format_summary
 from podguard.launch.watch.group import WatchGroup
 from podguard.launch.watch.runtime import RuntimeSettings, RuntimeWatch
 from podguard.preflight.options import PreflightOptions
@@ -91,14 +97,12 @@ def run_attempt(
     if handoff is not None:
         env.update(handoff.before())  # says `resuming from ...` (or `no checkpoint yet in DIR`)
     if checkpoints is not None and checkpoints.save_signal is not None:  # the callbacks (integrations/) listen
-        import signal
-
         env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(checkpoints.save_signal).name
     mode = _pick_mode(cfg, selection, say=attempt == 0)
     if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
         for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
-            _say(f"podguard: {warning}")
-    runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir, say=_say)
+            console.say(warning)
+    runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir, say=console.line)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
     try:
@@ -111,8 +115,6 @@ def run_attempt(
             or mode in (LaunchMode.PER_GPU, LaunchMode.ROLES)
             or (mode is LaunchMode.TORCHRUN and port is not None and not cfg.multi_node)
         ):
-            from podguard.launch.ports import allocate_master_port
-
             port_lease = allocate_master_port(port, command=opts.extra.get("command_line"))
             port = port_lease.port
         if single_port and port is not None:
@@ -127,7 +129,7 @@ def run_attempt(
             if attempt == 0:
                 guards.watch_gpus(selection.indices)  # a CPU-only run: --idle-stop is ignored with one warning
                 if description := guards.describe():
-                    _say(f"podguard: {description}")
+                    console.say(description)
             watches.insert(0, guards.supervised(_save_before_stop(checkpoints, runtime, handoff)))
         if metrics is not None:  # last: it takes the run-time watch's state, its final poll included
             watches.append(metrics.attempt(runtime, attempt=attempt, mode=mode, gpus=selection.gpus))
@@ -143,7 +145,7 @@ def run_attempt(
             state=base,
             root_cause=runtime.root_cause(outcome),
         )
-        _say(f"podguard: logs: {run_dir}")
+        console.say(f"logs: {run_dir}")
         explained = outcome.detail if outcome.detail != told.detail else ""
         duration = time.monotonic() - t0
         return AttemptResult(outcome.exit_code, outcome, record, runtime, duration, mode, explained, seen)
@@ -158,8 +160,6 @@ def _joined(*parts: str) -> str:
 
 def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobConfig:
     """`accelerate launch` takes its port only from --main_process_port (job/accelerate.py): give it the lease."""
-    from podguard.job.accelerate import with_main_process_port
-
     if port is None:  # no lease: the user's own MASTER_PORT, which accelerate would ignore as well
         raw = os.environ.get("MASTER_PORT", "").strip()
         if not raw.isdigit():
@@ -169,7 +169,7 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
     if argv == cfg.argv:
         return cfg
     if say:
-        _say(f"podguard: accelerate launch: --main_process_port {port} (the port podguard leased for this job)")
+        console.say(f"accelerate launch: --main_process_port {port} (the port podguard leased for this job)")
     return replace(cfg, argv=argv)
 
 
@@ -181,7 +181,7 @@ def _save_before_stop(
     save, the hang clock stands still (the save may be silent), up to --save-grace."""
     if checkpoints is None or checkpoints.save_signal is None:
         return None
-    from podguard.guards.save import SaveBeforeStop, SaveSettings
+    from podguard.guards.save import SaveBeforeStop, SaveSettings  # noqa: PLC0415  lazy: the save guard, only with --save-signal (`podguard run` loads none)
 
     def hung() -> bool:
         return runtime.hang is not None or runtime.progress.check(time.monotonic()) is not None
@@ -199,8 +199,7 @@ def _runtime_settings(
     hang_timeout_s, progress = settings.hang_timeout_s, settings.progress
     line_prefix = line_rank = None
     if mode is LaunchMode.TORCHRUN:  # the ranks' lines reach the watch through torchrun with the wrapper's prefix
-        from podguard.launch.prefix import prefix_pattern, prefix_rank_pattern
-        from podguard.rank.wrap import DEFAULT_RANK_PREFIX
+        from podguard.rank.wrap import DEFAULT_RANK_PREFIX  # noqa: PLC0415  lazy: the rank wrapper (its own process), torchrun mode only
 
         line_prefix = prefix_pattern(DEFAULT_RANK_PREFIX)
         line_rank = prefix_rank_pattern(DEFAULT_RANK_PREFIX)
@@ -221,8 +220,6 @@ def _job_python(argv: tuple[str, ...]) -> str | None:
     """The interpreter a `python ...` command runs (its torch is the job's), or None: podguard's own."""
     if not argv or not os.path.basename(argv[0]).startswith("python"):
         return None
-    import shutil
-
     return shutil.which(argv[0]) or argv[0]
 
 
@@ -233,7 +230,7 @@ def _run_dir(base: Path) -> Path:
         return subdir(subdir(base, "runs"), name)
     except OSError as exc:
         fallback = Path(tempfile.mkdtemp(prefix=f"podguard-run-{name}-"))
-        _say(f"podguard: warning: cannot create a run folder in {base / 'runs'} ({exc.strerror}); logs: {fallback}")
+        console.warn(f"cannot create a run folder in {base / 'runs'} ({exc.strerror}); logs: {fallback}")
         return fallback
 
 
@@ -242,11 +239,11 @@ def _pick_mode(cfg: JobConfig, selection: Selection, *, say: bool = True) -> Lau
         return cfg.mode
     if cfg.multi_node:
         if say:
-            _say(f"podguard: mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
+            console.say(f"mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
         return LaunchMode.TORCHRUN
     choice = pick_mode(cfg.argv, selection)
     if say:
-        _say(f"podguard: {choice.reason}")
+        console.say(choice.reason)
     return LaunchMode(choice.mode)
 
 
@@ -264,7 +261,7 @@ def _run_mode(
     only_gpu = cfg.options.only_gpu
     only: set[str] | None = None
     if mode is LaunchMode.ROLES:
-        from podguard.launch import roles  # the TOML parser and the threaded controller: roles mode only
+        from podguard.launch import roles  # noqa: PLC0415  lazy: the TOML parser and the threaded controller, roles mode only
 
         assert cfg.options.job_file is not None and port is not None
         plan = roles.load_roles(cfg.options.job_file, selection, master_port=port, log_dir=logs)
@@ -297,9 +294,8 @@ def _run_mode(
 def _run_torchrun(
     cfg: JobConfig, selection: Selection, env: dict[str, str], port: int | None, run_dir: Path, watch: Watch | None
 ) -> JobOutcome:
-    from podguard.launch.summary import format_summary
-    from podguard.launch.torchrun.command import build_torchrun_spec
-    from podguard.launch.torchrun.failure import explain_torchrun_failure
+    from podguard.launch.torchrun.command import build_torchrun_spec  # noqa: PLC0415  lazy: torchrun mode only (`podguard run` loads no torchrun module)
+    from podguard.launch.torchrun.failure import explain_torchrun_failure  # noqa: PLC0415  lazy: torchrun mode only (`podguard run` loads no torchrun module)
 
     opts = cfg.options
     errors = run_dir / "torchrun"
@@ -321,7 +317,7 @@ def _run_torchrun(
     )
     outcome = explain_torchrun_failure(run_job([spec], grace_s=cfg.grace_s, summary=False, watch=watch), errors)
     for line in format_summary(outcome).splitlines():  # `podguard: `-prefixed, as the other modes' summaries
-        _say(f"podguard: {line}")
+        console.say(line)
     return outcome
 
 
@@ -333,7 +329,7 @@ def _local_ranks_of(selection: Selection, gpu: int) -> list[int]:
 
 
 def _prepare(cfg: JobConfig, base: Path, env: dict[str, str]) -> dict[str, str]:
-    from podguard.launch.prepare import prepare_once
+    from podguard.launch.prepare import prepare_once  # noqa: PLC0415  lazy: --prepare only (`podguard run` loads none)
 
     assert cfg.prepare_argv is not None
     result = prepare_once(
@@ -345,7 +341,3 @@ def _prepare(cfg: JobConfig, base: Path, env: dict[str, str]) -> dict[str, str]:
         node_rank=cfg.options.node_rank,
     )
     return {"PODGUARD_PREPARE_DIR": str(result.path)}
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -41,6 +40,7 @@ from podguard.job import restart_guard
 from podguard.job.attempt import AttemptResult, run_attempt
 from podguard.job.configure import configure_counted
 from podguard.job.ending import Ending, EndOfRun
+from podguard.job.handoff import Handoff
 from podguard.job.multinode import pass_cluster_gate, worker_socket_env
 from podguard.job.options import JobOptions, JobSettings
 from podguard.job.restarts import Failure, FailureKind, RestartPolicy, made_progress
@@ -56,7 +56,7 @@ from podguard.state import state_dir
 
 if TYPE_CHECKING:
     from podguard.guards import GuardWatch
-    from podguard.job.handoff import AttemptCheckpoints, Handoff
+    from podguard.job.handoff import AttemptCheckpoints
     from podguard.metrics import Metrics
     from podguard.pods.selfheal import SelfHealConfig
     from podguard.preflight.leases import GpuLease
@@ -212,11 +212,11 @@ class Conductor:
         """A restarted container: back off, skip a finished job, or go on (None). A spent budget ends here."""
         decision = restart_guard.plan_launch(self.key, rerun=self.settings.rerun, state=self.base)
         if decision.delay_s > 0:
-            got = restart_guard.backoff_wait(decision, out=sys.stderr)
+            got = restart_guard.backoff_wait(decision)
             if got is not None:
                 return signal_exit_code(got)
         if self.guards is not None and (trip := self.guards.check(time.monotonic())) is not None:
-            from podguard.guards.end import end_after_trip
+            from podguard.guards.end import end_after_trip  # noqa: PLC0415  lazy: ends this pod's billing (pods.thispod.billing loads pods.actions, pods.placement), only when a guard trips
 
             return end_after_trip(trip)
         # every exit from here on is recorded (best-effort), so that a restart loop backs off whatever failed;
@@ -327,7 +327,7 @@ class Conductor:
             detail = f"{self.fragment()}; {detail}" if detail else self.fragment()
         self.end_of_run.say(ending.kind, ending.code, detail)
         if ending.kind == EndKind.GUARD and self.guards is not None and self.guards.tripped is not None:
-            from podguard.guards.end import end_after_trip
+            from podguard.guards.end import end_after_trip  # noqa: PLC0415  lazy: ends this pod's billing (pods.thispod.billing loads pods.actions, pods.placement), only when a guard trips
 
             return end_after_trip(self.guards.tripped)
         return _after(self.settings.on_exit, ending.code, ending.record, self.guards)
@@ -356,8 +356,6 @@ def _open_metrics(settings: JobSettings) -> Metrics | None:
 def _handoff(settings: JobSettings) -> Handoff | None:
     if settings.checkpoints is None:
         return None
-    from podguard.job.handoff import Handoff
-
     return Handoff(settings.checkpoints.folder, console.line)
 
 
@@ -372,7 +370,7 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 
     def check(selection: Selection) -> None:
         if cfg.mode is LaunchMode.ROLES:
-            from podguard.launch.roles import load_roles
+            from podguard.launch.roles import load_roles  # noqa: PLC0415  lazy: the TOML parser and the threaded controller, roles mode only
 
             assert cfg.options.job_file is not None
             load_roles(cfg.options.job_file, selection, master_port=cfg.options.master_port or 29500)
@@ -383,14 +381,14 @@ def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:
 def _after(on_exit: OnExit, code: int, record: Path | None, guards: GuardWatch | None = None) -> int:
     if on_exit is OnExit.IDLE:
         if guards is not None and guards.settings.after_job:  # --idle-stop / --max-cost keep watching
-            from podguard.guards.end import idle_guarded
+            from podguard.guards.end import idle_guarded  # noqa: PLC0415  lazy: --on-exit idle with a guard only; guards.end loads pods.actions, pods.placement
 
             if not guards.gpus_chosen:  # no job ran in this container: every GPU of the node counts
                 guards.watch_gpus(None)
-            return idle_guarded(code, record, guards, out=sys.stderr)
-        return restart_guard.idle(code, record, out=sys.stderr)
+            return idle_guarded(code, record, guards)
+        return restart_guard.idle(code, record)
     if on_exit is OnExit.STOP_POD:
-        from podguard.pods.selfheal import stop_own_pod
+        from podguard.pods.selfheal import stop_own_pod  # noqa: PLC0415  lazy: --on-exit stop-pod only; pods.selfheal loads pods' spec model (~10 ms)
 
         return stop_own_pod(code)
     return code
@@ -400,6 +398,6 @@ def _self_heal(heal: SelfHealConfig | None, code: int, base: Path, report: Path 
     """Count the preflight's result for self-heal (pods/selfheal.py); the code to exit with."""
     if heal is None:
         return code
-    from podguard.pods.selfheal import after_preflight
+    from podguard.pods.selfheal import after_preflight  # noqa: PLC0415  lazy: self-heal only; pods.selfheal loads pods' spec model (~10 ms)
 
     return after_preflight(code, heal, state=base, report=report)

@@ -29,7 +29,6 @@ has a bad option restarts, fails at once, and restarts again; the entry process 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -61,7 +60,7 @@ def configure(argv: list[str], options: JobOptions, opts: PreflightOptions, *, d
     checkpoints = _check_checkpoints(options)
     _check_metrics(options)
     if options.on_exit is OnExit.STOP_POD:
-        from podguard.pods.selfheal import check_stop_pod  # lazy: pods/ loads its spec model (~10 ms), rarely used
+        from podguard.pods.selfheal import check_stop_pod  # noqa: PLC0415  lazy: --on-exit stop-pod only; pods.selfheal loads pods' spec model (~10 ms)
 
         check_stop_pod()  # inside a pod (RUNPOD_POD_ID) with an API key
     check_restarts(options.restarts, launch)
@@ -93,7 +92,7 @@ def configure(argv: list[str], options: JobOptions, opts: PreflightOptions, *, d
 
 
 def _self_heal() -> SelfHealConfig:
-    from podguard.pods.selfheal import SelfHealConfig  # lazy: pods/ loads its spec model (~10 ms), rarely used
+    from podguard.pods.selfheal import SelfHealConfig  # noqa: PLC0415  lazy: self-heal only; pods.selfheal loads pods' spec model (~10 ms)
 
     return SelfHealConfig.from_env()
 
@@ -157,7 +156,7 @@ def _count_refused_start(argv: list[str], mode: str, opts: PreflightOptions, exc
         return  # no state dir: nothing to count in
     key = restart_guard.job_key(argv, mode, extra=[os.environ.get("GPU_LIST", "")])
     decision = restart_guard.plan_launch(key, state=base)
-    if decision.delay_s > 0 and restart_guard.backoff_wait(decision, out=sys.stderr) is not None:
+    if decision.delay_s > 0 and restart_guard.backoff_wait(decision) is not None:
         return  # a signal ended the pause: exit with the usage error now
     restart_guard.record_run(
         key=key,

@@ -8,8 +8,10 @@ and the workers' socket interface. preflight/ and launch/ never import each othe
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,10 @@ from typing import TYPE_CHECKING
 from podguard import console
 from podguard.errors import UsageError
 from podguard.launch.config import JobConfig
+from podguard.launch.multinode.netif import socket_ifname_env
+from podguard.launch.multinode.verdicts import NodeVerdict, gate_settings
+from podguard.preflight.report import verdict_word
+from podguard.state import subdir, write_private
 
 if TYPE_CHECKING:
     from podguard.launch.multinode.verdicts import GateOutcome, GateSettings
@@ -36,10 +42,7 @@ def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float)
     each node judges a hang on its own."""
     if not cfg.multi_node:
         return None
-    import importlib.util
-
-    from podguard.launch.multinode.verdicts import gate_settings
-    from podguard.launch.torchrun.rendezvous import resolve_rendezvous
+    from podguard.launch.torchrun.rendezvous import resolve_rendezvous  # noqa: PLC0415  lazy: multi-node only (`podguard run` loads no torchrun module)
 
     opts = cfg.options
     rdzv = resolve_rendezvous(
@@ -69,11 +72,7 @@ def cluster_gate_settings(cfg: JobConfig, *, port: int | None, timeout_s: float)
 def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[str], state: Path) -> GateOutcome:
     """Publish this node's preflight verdict and follow the cluster's decision (the summary is printed);
     the outcome is also written to `<state>/reports/cluster-gate.json` (best effort)."""
-    import socket
-
-    from podguard.launch.multinode.gate import run_cluster_gate
-    from podguard.launch.multinode.verdicts import NodeVerdict
-    from podguard.preflight.report import verdict_word
+    from podguard.launch.multinode.gate import run_cluster_gate  # noqa: PLC0415  lazy: multi-node only (the gate and its TCPStore protocol)
 
     verdict = NodeVerdict(
         rank=settings.node_rank,
@@ -88,17 +87,13 @@ def pass_cluster_gate(settings: GateSettings, pre: PreflightResult, notes: list[
 
 
 def _record(state: Path, data: dict[str, object]) -> None:
-    from podguard.state import subdir, write_private
-
     with contextlib.suppress(OSError):
         write_private(subdir(state, "reports") / GATE_RECORD, json.dumps(data, indent=2))
 
 
 def worker_socket_env() -> tuple[dict[str, str], list[str]]:
-    """NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR (nothing imported when NODE_ADDR is unset) and the summary line."""
+    """NCCL/GLOO_SOCKET_IFNAME from NODE_ADDR (nothing when NODE_ADDR is unset) and the summary line."""
     if not os.environ.get("NODE_ADDR"):
         return {}, []
-    from podguard.launch.multinode.netif import socket_ifname_env
-
     env, note = socket_ifname_env(os.environ)
     return env, [note] if note else []

@@ -11,13 +11,12 @@ delayed: docs/lifecycle.md.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TextIO
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.job.outcomes import (
     QUICK_CRASH_S,
@@ -160,41 +159,32 @@ def plan_launch(
 # Waiting for signals (the backoff countdown, --on-exit idle)
 
 
-def _say(out: TextIO | None, text: str) -> None:
-    stream = out if out is not None else sys.stderr
-    stream.write(f"podguard: {text}\n")
-    stream.flush()
-
-
-def backoff_wait(
-    decision: LaunchDecision, *, out: TextIO | None = None, step_s: float = COUNTDOWN_STEP_S
-) -> int | None:
+def backoff_wait(decision: LaunchDecision, *, step_s: float = COUNTDOWN_STEP_S) -> int | None:
     """The announced restart-loop pause: countdown lines, interruptible. Returns the signal, or None."""
     then = "launching again" if decision.action is LaunchAction.BACKOFF else "going on"
     with signals_held() as watched:
-        _say(out, f"{decision.reason} (SIGTERM or Ctrl-C to stop; outcome history: {decision.record})")
+        console.say(f"{decision.reason} (SIGTERM or Ctrl-C to stop; outcome history: {decision.record})")
         left = decision.delay_s
         while left > 0:
             got = next_signal(watched, min(step_s, left))
             if got is not None:
-                _say(out, f"received {signal.Signals(got).name} during the restart-loop pause; not launching")
+                console.say(f"received {signal.Signals(got).name} during the restart-loop pause; not launching")
                 return got
             left -= min(step_s, left)
             if left > 0:
-                _say(out, f"{then} in {left:.0f} s")
+                console.say(f"{then} in {left:.0f} s")
     return None
 
 
-def idle(exit_code: int, record: Path | None, *, out: TextIO | None = None) -> int:
+def idle(exit_code: int, record: Path | None) -> int:
     """`--on-exit idle`: keep the container alive until a signal; returns the job's exit code."""
     where = f"; outcome recorded in {record}" if record is not None else ""
     with signals_held() as watched:
-        _say(
-            out,
+        console.say(
             f"job ended with exit code {exit_code}{where}. Idling to keep the container up (--on-exit idle); "
             "stop the pod or send SIGTERM to end",
         )
         got = next_signal(watched, None)
     if got is not None:
-        _say(out, f"received {signal.Signals(got).name}; leaving (job exit code {exit_code})")
+        console.say(f"received {signal.Signals(got).name}; leaving (job exit code {exit_code})")
     return exit_code

@@ -14,12 +14,12 @@ docs/checkpoints.md, "Survive the host".
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.checkpoints import Checkpoint, Finding, format_size
 from podguard.checkpoints.render import utc
 from podguard.durations import format_duration
@@ -68,10 +68,10 @@ def open_store_sync(
     role = None
     if (nnodes or 1) > 1:  # multi-node: node 0 commits, the others report their files (store/nodes.py)
         if node_rank is None:
-            _say("podguard: warning: a multi-node run without NODE_RANK: each node stores its own checkpoints alone")
+            console.warn("a multi-node run without NODE_RANK: each node stores its own checkpoints alone")
         else:
             role = NodeRole(node_rank, nnodes or 1)
-    sync = StoreSync(url, checkpoints.folder, checkpoints.store_keep, _say, publish, role=role)
+    sync = StoreSync(url, checkpoints.folder, checkpoints.store_keep, publish, role=role)
     sync.check()
     return sync
 
@@ -84,21 +84,24 @@ class StoreSync:
         url: StoreUrl,
         directory: Path,
         keep: int,
-        say: Callable[[str], None],
         publish: Callable[[StoreStats], None] | None = None,
         *,
         role: NodeRole | None = None,
     ) -> None:
         self.url = url
         self.directory = os.path.abspath(directory)
-        self.say = say
         self.backend = open_backend(url)
         self.quick = self.backend if url.scheme == "file" else open_backend(url, attempts=RESTORE_ATTEMPTS)
         self.mirror = Mirror(self.backend, self.directory, keep=keep, say=self._line, publish=publish, role=role)
         self.reachable = True
 
     def _line(self, text: str) -> None:
-        self.say(f"podguard: {text}")  # (the mirror's thread too: one write per line, see _say)
+        """A line of the store's (the mirror's thread too; the console writes each line whole): its warnings are
+        warnings, never kept back by PODGUARD_QUIET."""
+        if text.startswith("warning: "):
+            console.warn(text.removeprefix("warning: "))
+        else:
+            console.say(text)
 
     def check(self) -> None:
         """UsageError (64) when the store cannot work; a warning when it does not answer now."""
@@ -214,9 +217,3 @@ class UploadWait:
         if out_of_time:
             return f"not in {self.url} within the save grace (its upload goes on until the job ends)"
         return None
-
-
-def _say(text: str) -> None:
-    """One line in one write: the mirror's thread says its lines while the supervisor says its own."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()

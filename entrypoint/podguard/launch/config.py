@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from podguard.errors import UsageError
+from podguard.launch.prefix import PREFIX_FIELDS, check_format
 
 __all__ = ["DEMO_CPU_WORKERS", "JobConfig", "LaunchMode", "LaunchOptions", "OnExit", "configure", "demo_argv"]
 
@@ -86,8 +87,6 @@ def configure(argv: list[str], opts: LaunchOptions, *, grace_s: float, demo: boo
     """Check the options against each other and the environment; UsageError (exit 64) on the first problem."""
     mode = _resolve_mode(argv, opts, demo)
     if opts.prefix is not None:
-        from podguard.launch.prefix import PREFIX_FIELDS, check_format
-
         check_format(opts.prefix, PREFIX_FIELDS, "--prefix")
     prepare_argv, cache_key = _prepare(opts)
     cfg = JobConfig(tuple(argv), demo, mode, opts, grace_s, prepare_argv, cache_key)
@@ -139,7 +138,7 @@ def _check_nodes(cfg: JobConfig) -> None:
             f"NODE_RANK={opts.node_rank} is out of range for NUM_NODES={opts.nnodes}; valid: 0-{opts.nnodes - 1}"
         )
     if cfg.mode is LaunchMode.TORCHRUN or cfg.multi_node:
-        from podguard.launch.torchrun.command import resolve_rendezvous
+        from podguard.launch.torchrun.rendezvous import resolve_rendezvous  # noqa: PLC0415  lazy: torchrun or multi-node only (`podguard run` loads no torchrun module)
 
         resolve_rendezvous(
             os.environ,

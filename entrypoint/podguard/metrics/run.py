@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podguard import console
+from podguard import __version__, console
 from podguard.errors import UsageError
+from podguard.metrics.price import price_of_budget, read_price_later
 from podguard.metrics.state import GpuRow, MetricsState, Source
+from podguard.metrics.watch import MetricsWatch
 from podguard.pods import thispod
 
 if TYPE_CHECKING:
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from podguard.launch.watch.runtime import RuntimeWatch
     from podguard.metrics.server import MetricsServer
     from podguard.metrics.textfile import FileWriter
-    from podguard.metrics.watch import MetricsWatch
 
 __all__ = ["ENV_INTERVAL", "Metrics", "file_interval", "open_metrics"]
 
@@ -47,8 +48,6 @@ class Metrics:
 
     def read_price(self, guards: GuardWatch | None, pod_id: str | None = None) -> None:
         """Inside a pod: its price, from the cost guard's read where there is one, else one read on a thread."""
-        from podguard.metrics.price import price_of_budget, read_price_later
-
         pod_id = (pod_id if pod_id is not None else thispod.pod_id()).strip()
         if not pod_id:
             return
@@ -69,8 +68,6 @@ class Metrics:
     def attempt(self, runtime: RuntimeWatch, *, attempt: int, mode: str, gpus: Sequence[Any]) -> MetricsWatch:
         """A launch: its number, mode and GPUs (`SelectedGpu`s); the GPU gauges hook into the run-time watch's
         NVML poll; the returned watch goes last in the supervisor's WatchGroup."""
-        from podguard.metrics.watch import MetricsWatch
-
         rows = [GpuRow(g.index, g.uuid or "", g.name or "") for g in dict.fromkeys(gpus)]
         self.state.begin_attempt(attempt, str(mode), rows)
         runtime.gpu_reader = self.state.read_gpus
@@ -91,10 +88,9 @@ def open_metrics(*, port: int | None, path: Path | None, mode: str, every_s: flo
     `file_interval()` checked it (job/configure.py), else read here."""
     if port is None and path is None:
         return None
-    from podguard import __version__
-    from podguard.metrics.exposition import snapshot_registry
-    from podguard.metrics.server import MetricsServer
-    from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note
+    from podguard.metrics.exposition import snapshot_registry  # noqa: PLC0415  lazy: prometheus_client
+    from podguard.metrics.server import MetricsServer  # noqa: PLC0415  lazy: prometheus_client
+    from podguard.metrics.textfile import FILE_INTERVAL_S, FileWriter, collector_note  # noqa: PLC0415  lazy: prometheus_client
 
     every_s = every_s if every_s is not None else file_interval()
     every_s = FILE_INTERVAL_S if every_s is None else every_s

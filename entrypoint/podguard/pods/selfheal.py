@@ -25,10 +25,19 @@ from typing import TYPE_CHECKING
 
 from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
+from podguard.pause import wait_for_signal
 from podguard.pods import thispod
+from podguard.pods.api import open_api
+from podguard.pods.heal import replacement_request
 from podguard.pods.mark import owned
+from podguard.pods.placement import create_first_fit
+from podguard.pods.pod import PodAction, PodStatus
+from podguard.pods.readiness import wait_status
+from podguard.pods.status_lines import Progress
 from podguard.pods.thispod.billing import end_billing, request_end
 from podguard.pods.thispod.key import require_pod_and_key
+from podguard.pods.tuning import Tuning
+from podguard.state import subdir, write_private
 
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
@@ -116,8 +125,6 @@ class Healer:
             return _State()
 
     def save(self) -> None:
-        from podguard.state import write_private
-
         try:
             write_private(self.path, json.dumps(asdict(self.state), indent=2))
         except OSError as exc:
@@ -152,8 +159,6 @@ def after_preflight(
     if not cfg.pod_id:
         console.say(f"self-heal: {ENV_MODE}={cfg.mode} needs {thispod.ENV_POD_ID} (set inside a RunPod pod); off")
         return code
-    from podguard.state import subdir
-
     healer = Healer(cfg, subdir(state, "selfheal") / f"{_safe(cfg.pod_id)}.json", wait_signal or _wait_signal)
     if code == ExitCode.OK:
         if healer.state.failures or healer.state.parked:
@@ -182,8 +187,6 @@ def _safe(pod_id: str) -> str:
 
 
 def _wait_signal(timeout: float | None) -> int | None:
-    from podguard.pause import wait_for_signal
-
     return wait_for_signal(timeout)
 
 
@@ -214,15 +217,11 @@ REPLACE_TIMEOUT_S = 1800.0  # how long the replacement may take to reach RUNNING
 
 
 def _api() -> PodApi:
-    from podguard.pods.api import open_api
-
     return open_api("rest")
 
 
 def _ended(healer: Healer, code: int, waited: str) -> int:
     """Wait for the API's action to end this container; the code to exit with if it does not."""
-    from podguard.pods.tuning import Tuning
-
     got = healer.wait_signal(Tuning.from_env().restart_wait_s)
     if got is not None:
         return signal_exit_code(got)
@@ -239,8 +238,6 @@ def restart_pod(healer: Healer, code: int) -> int:
     state.steps.append("restart")
     state.failures = 0
     healer.note("restart", "requested")
-    from podguard.pods.pod import PodAction
-
     try:
         _api().act(cfg.pod_id, PodAction.RESTART)
     except PodguardError as exc:
@@ -252,13 +249,6 @@ def restart_pod(healer: Healer, code: int) -> int:
 
 def replace_pod(healer: Healer, code: int) -> int:
     """Create an identical pod, wait until it is RUNNING, then terminate this one."""
-    from podguard.pods.heal import replacement_request
-    from podguard.pods.placement import create_first_fit
-    from podguard.pods.pod import PodAction, PodStatus
-    from podguard.pods.readiness import wait_status
-    from podguard.pods.status_lines import Progress
-    from podguard.pods.tuning import Tuning
-
     cfg, state = healer.cfg, healer.state
     healer.say(f"{state.failures} consecutive preflight failures after a restart: replacing pod {cfg.pod_id}")
     state.steps.append("replace")

@@ -19,7 +19,9 @@ import contextlib
 import json
 import os
 import re
+import selectors
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
@@ -234,8 +236,6 @@ def _noop(signum: int, frame: object) -> None:
 
 
 def _start(command: tuple[str, ...], env: Mapping[str, str], prefix: bytes):  # -> Popen | int
-    import subprocess
-
     child_env = dict(env)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     try:
@@ -247,8 +247,6 @@ def _start(command: tuple[str, ...], env: Mapping[str, str], prefix: bytes):  # 
 
 def _pump(proc, streams: dict[int, LineStream]) -> tuple[int, float]:
     """Copy the worker's output until its pipes close (or shortly after it exited); (status, exit time)."""
-    import selectors
-
     sel = selectors.DefaultSelector()
     for fd in streams:
         sel.register(fd, selectors.EVENT_READ)
@@ -305,7 +303,7 @@ def _record(
         "time": exit_time,
         "tail": list(tail),
     }
-    from podguard.state import write_private
+    from podguard.state import write_private  # noqa: PLC0415  lazy: tempfile, socket, redact (~10 ms), after the worker exited, never on each rank's start-up
 
     with contextlib.suppress(OSError):  # a full volume: the explanation is lost, never the exit code
         write_private(Path(error_file).parent / EXIT_FILE, json.dumps(record))
