@@ -113,9 +113,9 @@ def test_the_ranks_of_mp_spawn_get_the_save_signal_not_only_their_parent(tmp_pat
     ckpt = tmp_path / "ckpt"
     job = tmp_path / "spawned.py"
     job.write_text(SPAWNED_SAVES)
-    # the ranks must have their handlers when --max-runtime comes (8 s on an idle machine: importing torch in the
+    # the ranks must have their handlers when --max-runtime comes (12 s on an idle machine: importing torch in the
     # parent and again in each spawned rank takes longer on a busy one): stretched by the load factor
-    runtime = f"{scaled(8):.0f}s"
+    runtime = f"{scaled(12):.0f}s"
     args = ["run", "--checkpoints", str(ckpt), "--save-signal", "USR1", "--max-runtime", runtime, "--save-grace", "30s"]
     proc = run_podguard(cli_node, [*args, "--", sys.executable, str(job), str(ckpt)], cpu=True, timeout=120)
     out = proc.stdout + proc.stderr
