@@ -11,11 +11,11 @@ it and splits it into `JobSettings`, where each room finds its own typed part an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from podguard.launch.config import JobConfig, LaunchMode, LaunchOptions, OnExit
+from podguard.launch.config import JobConfig, LaunchOptions, OnExit
 from podguard.launch.multinode.verdicts import DEFAULT_CLUSTER_TIMEOUT_S
 from podguard.store.url import StoreUrl
 
@@ -28,24 +28,10 @@ __all__ = ["CheckpointSettings", "JobOptions", "JobSettings", "MetricsSettings"]
 
 
 @dataclass(frozen=True)
-class JobOptions:
-    """The options of `train`/`run` as the user gave them (parsed, not yet checked against each other)."""
+class JobOptions(LaunchOptions):
+    """The options of `train`/`run` as the user gave them (parsed, not yet checked against each other): the
+    launcher's (LaunchOptions, launch/config.py) and every other room's."""
 
-    # the launch (launch/config.py: LaunchOptions)
-    mode: LaunchMode = LaunchMode.AUTO
-    only_gpu: int | None = None
-    prefix: str | None = None
-    prepare: str | None = None
-    cache_key: tuple[str, ...] = ()
-    prepare_shared: bool = False
-    job_file: Path | None = None
-    cpu_workers: int | None = None
-    nnodes: int | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    max_restarts: int = 0
-    rdzv_backend: str = "auto"  # torchrun: auto (static when NODE_RANK is known), static, c10d
     # the job's lifecycle (job/): after the job, a finished job's rerun, relaunches
     on_exit: OnExit = OnExit.EXIT
     rerun: bool = False
@@ -73,22 +59,7 @@ class JobOptions:
 
     def launch(self) -> LaunchOptions:
         """The launcher's part."""
-        return LaunchOptions(
-            mode=self.mode,
-            only_gpu=self.only_gpu,
-            prefix=self.prefix,
-            prepare=self.prepare,
-            cache_key=self.cache_key,
-            prepare_shared=self.prepare_shared,
-            job_file=self.job_file,
-            cpu_workers=self.cpu_workers,
-            nnodes=self.nnodes,
-            node_rank=self.node_rank,
-            master_addr=self.master_addr,
-            master_port=self.master_port,
-            max_restarts=self.max_restarts,
-            rdzv_backend=self.rdzv_backend,
-        )
+        return LaunchOptions(**{f.name: getattr(self, f.name) for f in fields(LaunchOptions)})
 
 
 @dataclass(frozen=True)
