@@ -21,6 +21,7 @@ __all__ = [
     "environ_has",
     "list_pids",
     "parse_stat",
+    "pid_exists",
     "read_bytes",
     "read_comm",
     "read_stat",
@@ -42,6 +43,17 @@ class ProcStat:
     sid: int
     flags: int
     start_time: int
+
+
+def pid_exists(pid: int) -> bool:
+    """A process of this pid exists (ours or another user's: EPERM means it does); a zombie counts."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_bytes(path: str, size: int = 4096) -> bytes:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from podguard.procfs import pid_exists
 from podguard.state import host_id, unique_suffix
 
 __all__ = ["STALE_TEMP_S", "TMP_PREFIX", "TRASH_PREFIX", "clean_stale", "temp_owner"]
@@ -49,7 +50,7 @@ def temp_owner(name: str, prefix: str, key: str) -> tuple[str, int] | None:
 
 def _stale_reason(path: Path, prefix: str, key: str, now: float | None) -> str | None:
     owner = temp_owner(path.name, prefix, key)
-    if owner is not None and owner[0] == host_id() and not _pid_alive(owner[1]):
+    if owner is not None and owner[0] == host_id() and not pid_exists(owner[1]):
         return "left by an interrupted run on this host"
     age = (time.time() if now is None else now) - _last_change(path)
     if age > STALE_TEMP_S:
@@ -88,16 +89,6 @@ def _last_change(path: Path) -> float:
             with contextlib.suppress(OSError):
                 newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
     return newest
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(path: Path) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from podguard.checkpoints import format_size
+from podguard.procfs import pid_exists
 from podguard.store.backend import Backend, StoreError, crc32_of, crc_text
 from podguard.store.catalog import Stored
 from podguard.store.manifest import Manifest, StoredFile
@@ -132,19 +133,9 @@ def clear_stale(directory: str) -> None:
             if not entry.name.startswith(TEMP_PREFIX):
                 continue
             pid = entry.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and pid_exists(int(pid)):
                 continue
             _discard(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _discard(path: str) -> None:
