@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pods_support import KEY, PODGUARD, SPAWNED
+from pods_support import A40_SPEC, KEY, PODGUARD, SPAWNED
 from standin_state import PodRecord, World
 
 from loadfactor import scaled
@@ -185,3 +185,7 @@ def marked(world: World, pod: PodRecord, **changes: Any) -> dict[str, Any]:
     from standin_state import same_as
 
     return {**same_as(pod), **changes}
+
+
+# The kept pod's spec with a network volume (the keeper's usual case); tests/pods/conftest.py writes it as `spec`.
+NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')

@@ -12,6 +12,7 @@ import time
 import pytest
 from keep_support import (
     CLUSTER_SPEC,
+    NETWORK,
     assert_no_key,
     events,
     finish,
@@ -26,18 +27,6 @@ from keep_support import (
     wait_for,
 )
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
-
-NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
-
-
-@pytest.fixture
-def spec(tmp_path):
-    return write_spec(tmp_path / "pod.toml", NETWORK)
-
-
-@pytest.fixture
-def bare_spec(tmp_path):
-    return write_spec(tmp_path / "bare.toml", A40_SPEC)
 
 
 def actions(standin) -> list[str]:  # noqa: F811

@@ -12,10 +12,10 @@ import signal
 import subprocess
 import time
 
-import pytest
 from hook_support import Hook
 from keep_support import (
     KEEP_FAST,
+    NETWORK,
     POLL,
     billing,
     finish,
@@ -32,18 +32,6 @@ from keep_support import (
     wait_for,
 )
 from pods_support import A40_SPEC, PODGUARD, pg, standin, write_spec  # noqa: F401 (fixture)
-
-NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
-
-
-@pytest.fixture
-def spec(tmp_path):
-    return write_spec(tmp_path / "pod.toml", NETWORK)
-
-
-@pytest.fixture
-def bare_spec(tmp_path):
-    return write_spec(tmp_path / "bare.toml", A40_SPEC)
 
 
 def creates(standin, name: str = "trainer") -> list[dict]:  # noqa: F811

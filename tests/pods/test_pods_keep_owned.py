@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from keep_support import (
     CLUSTER_SPEC,
     billing,
@@ -28,15 +27,9 @@ from keep_support import (
 )
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
 
-NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
 STORE = A40_SPEC.replace(
     "[env]", '[checkpoints]\ndir = "/workspace/ckpt"\nstore = "s3://my-bucket/trainer"\n\n[env]'
 ).replace('ports = ["22/tcp", "8888/http"]', 'ports = ["22/tcp", "8888/http"]\ndata_centers = ["US-KS-2", "US-TX-3"]')
-
-
-@pytest.fixture
-def spec(tmp_path):
-    return write_spec(tmp_path / "pod.toml", NETWORK)
 
 
 def creates(standin, name: str = "trainer") -> list[dict]:  # noqa: F811

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from keep_support import (
     CLUSTER_SPEC,
+    NETWORK,
     events,
     finish,
     inside_keeper,
@@ -31,18 +32,6 @@ from keep_support import (
 )
 from pods_support import A40_SPEC, pg, standin, write_spec  # noqa: F401 (fixture)
 from standin_state import same_as
-
-NETWORK = A40_SPEC.replace("[env]", '[network_volume]\nid = "vol-1"\npath = "/workspace"\n\n[env]')
-
-
-@pytest.fixture
-def spec(tmp_path):
-    return write_spec(tmp_path / "pod.toml", NETWORK)
-
-
-@pytest.fixture
-def bare_spec(tmp_path):
-    return write_spec(tmp_path / "bare.toml", A40_SPEC)
 
 
 def actions(standin, pod_id: str = "") -> list[str]:  # noqa: F811
