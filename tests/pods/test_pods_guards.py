@@ -302,24 +302,45 @@ def test_a_refused_cluster_delete_is_124_saying_how_to_end_it(standin, cluster, 
     assert standin.calls("POST", r"/action$") == [] and cluster.id in standin.world.clusters
 
 
-def test_on_exit_stop_pod_on_a_cluster_node_deletes_the_cluster_as_a_guard_does(standin, cluster, cli_node):  # noqa: F811
-    """One way to end this pod's billing: `--on-exit stop-pod` on a cluster node ends the cluster's billing exactly as
-    a guard does (a member cannot be stopped: RunPod answers 409 and the cluster would bill on), then waits for
+def test_on_exit_stop_pod_on_node_0_deletes_the_cluster_as_a_guard_does(standin, cluster, cli_node):  # noqa: F811
+    """One way to end this pod's billing: `--on-exit stop-pod` on a cluster's node 0 ends the cluster's billing as a
+    guard does (a member cannot be stopped: RunPod answers 409 and the cluster would bill on), then waits for
     RunPod's SIGTERM; the successful job's code wins."""
-    node1 = member(standin, cluster, 1)
+    node0 = member(standin, cluster, 0)
     args = ["train", "--on-exit", "stop-pod", "--mode", "single", "--", sys.executable, "-c", "pass"]
-    proc = start(cli_node, args, node1.id)
+    proc = start(cli_node, args, node0.id)
     out, err = delete_then_sigterm(standin, cluster, proc)  # RunPod's delete ends the container
     deletes = rf"^/v2/clusters/{cluster.id}$"
     assert proc.returncode == 0, out + err  # the successful job's code
     said = [line for line in err.splitlines() if "job succeeded" in line]
     assert len(said) == 1, err
-    assert f"this pod ({node1.id}) is node1 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0]
+    assert f"this pod ({node0.id}) is node0 of Instant Cluster {cluster.id}, whose pods cannot be stopped" in said[0]
     assert "deleting the whole cluster, all its nodes (network volumes stay; billing ends)" in said[0]
     assert "(--on-exit stop-pod)" in said[0]
     assert standin.calls("POST", r"/action$") == []  # no stop asked of a member
     assert len(standin.calls("DELETE", deletes)) == 1
     assert all(p.status == "TERMINATED" for p in standin.world.pods.values())
+
+
+def test_on_exit_stop_pod_on_another_node_leaves_the_delete_to_node_0(standin, cluster, cli_node):  # noqa: F811
+    """A node that finishes first must not cut the others' last steps (node 0 commits a multi-node checkpoint to the
+    store only once every node's files are in): node 1 asks nothing and waits; node 0's delete ends it."""
+    node1 = member(standin, cluster, 1)
+    args = ["train", "--on-exit", "stop-pod", "--mode", "single", "--", sys.executable, "-c", "pass"]
+    proc = start(cli_node, args, node1.id)
+    try:
+        wait_for(lambda: "waiting for it" in (proc.stderr.readline() if proc.stderr else ""), "node 1's line")
+        assert standin.calls("DELETE", rf"^/v2/clusters/{cluster.id}$") == [] and cluster.id in standin.world.clusters
+        assert standin.calls("POST", r"/action$") == []
+        assert proc.poll() is None  # it waits for node 0's delete (RunPod's SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert cluster.id in standin.world.clusters  # node 1 never deleted it
 
 
 def test_park_stop_on_a_cluster_node_deletes_the_cluster(standin, cluster, cli_node):  # noqa: F811

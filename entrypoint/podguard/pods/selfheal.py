@@ -196,15 +196,16 @@ def check_stop_pod(env: Mapping[str, str] | None = None) -> None:
 
 
 def stop_own_pod(code: int) -> int:
-    """After the job: when it succeeded, end this pod's billing through the API (a pod stops; a cluster node deletes
-    its cluster, as a guard does) and wait for RunPod to end this container; returns `code`.
+    """After the job: when it succeeded, end this pod's billing through the API (a pod stops; on a cluster, node 0
+    deletes the cluster, the other nodes wait for it) and wait for RunPod to end this container; returns `code`.
 
     A failed request is one warning (the job's exit code wins); the container's restart then finds the job
     finished and tries again."""
     if code != ExitCode.OK:
         console.say(f"job exited {code}: not stopping the pod (--on-exit stop-pod stops after success)")
         return code
-    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod")  # RunPod's answer ends us
+    # RunPod's answer ends us; on a cluster, node 0 deletes the cluster once its own job ended (the others wait)
+    end_billing(thispod.pod_id(), "job succeeded", by="--on-exit stop-pod", node_zero_only=True)
     return code
 
 

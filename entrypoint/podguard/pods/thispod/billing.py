@@ -33,30 +33,40 @@ class Ended:
     """What `end_billing` asked and what came of it."""
 
     pod_id: str
-    asked: str | None  # "stop" or "cluster delete"; None when it could not be asked (said as a warning)
+    asked: str | None  # "stop", "cluster delete" or "left to node 0"; None when it could not be asked (a warning)
     signal: int | None = None  # the signal that ended the wait, or None
     cluster_id: str | None = None  # this pod is a member of this Instant Cluster (when the API could be read)
 
 
-def end_billing(pod_id: str, why: str, *, by: str | None = None) -> Ended:
+def end_billing(pod_id: str, why: str, *, by: str | None = None, node_zero_only: bool = False) -> Ended:
     """Ask the API to end this pod's billing, then wait (PODGUARD_SELF_HEAL_RESTART_WAIT_S, default 120 s) for the
     signal with which RunPod ends this container. Signals are held from before the request, so a SIGTERM that
     follows it at once is neither lost nor kills podguard mid-line. `why` starts the one line said; `by` (the
     option that asked) ends it. A failed request is one warning line; the caller says what follows."""
     wait_s = Tuning.from_env().restart_wait_s
     with signals_held() as watched:
-        ended = request_end(pod_id, why, by=by)
+        ended = request_end(pod_id, why, by=by, node_zero_only=node_zero_only)
         if ended.asked is None:
             return ended
         return Ended(pod_id, ended.asked, next_signal(watched, wait_s), ended.cluster_id)
 
 
-def request_end(pod_id: str, why: str, *, by: str | None = None) -> Ended:
-    """The request alone (no wait): read this pod, then stop it or delete its cluster, saying so in one line."""
+def request_end(pod_id: str, why: str, *, by: str | None = None, node_zero_only: bool = False) -> Ended:
+    """The request alone (no wait): read this pod, then stop it or delete its cluster, saying so in one line.
+    `node_zero_only` (a job's own end, not a guard): on a cluster node other than node 0 nothing is asked; node 0
+    deletes the cluster when its own job ends, so a node that finishes first never cuts the others' last steps
+    (node 0 commits a multi-node checkpoint to the store only once every node's files are in)."""
     pod: Pod | None = None
     try:
         api = open_api("rest")
         pod = api.get_pod(pod_id)
+        if node_zero_only and pod.cluster_id is not None and pod.cluster_rank not in (None, 0):
+            console.say(
+                f"{why}: this pod ({pod.id}) is node{pod.cluster_rank} of Instant Cluster {pod.cluster_id}: node 0 "
+                f"deletes the cluster when its own job ends; waiting for it" + (f" ({by})" if by else ""),
+                loud=True,
+            )
+            return Ended(pod_id, "left to node 0", None, pod.cluster_id)
         if pod.cluster_id is None:
             _stop_pod(api, pod, why, by)
         else:
