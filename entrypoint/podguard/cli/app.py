@@ -19,7 +19,7 @@ import typer
 from typer import exceptions as typer_exc
 from typer._click import exceptions as click_exc
 
-from podguard import __version__
+from podguard import __version__, console
 from podguard.errors import ExitCode, PodguardError
 from podguard.job.ending import refused_in_pod
 
@@ -78,6 +78,7 @@ def _register(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and turn every failure into a documented exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    console.debug_logging()
     _register(args)
     try:
         code = app(args=args, prog_name="podguard", standalone_mode=False)
