@@ -3,6 +3,7 @@
     from podguard import console
     console.say("preflight PASS: 2 GPU(s)")        # 'podguard: preflight PASS: 2 GPU(s)' on stderr, one write
     console.warn("the metrics file cannot be written")   # 'podguard: warning: the metrics file ...'
+    console.error("--gpus 9: this pod has GPUs 0-3")      # 'podguard: error: --gpus 9: ...' (a refusal)
     console.say("HUNG: ...", loud=True)            # a line that must be seen (HUNG, a GPU fault, END)
     console.line("END kind=success exit=0")        # a line as it is (already prefixed or a record for programs)
     console.status(key, "pod a (x1): STARTING, 12s")  # "still waiting": rewritten in place on a terminal,
@@ -40,6 +41,7 @@ __all__ = [
     "PREFIX",
     "captured",
     "debug_logging",
+    "error",
     "line",
     "mask",
     "quiet",
@@ -80,6 +82,12 @@ def say(text: str, *, loud: bool = False, stream: TextIO | None = None) -> None:
 def warn(text: str, *, stream: TextIO | None = None) -> None:
     """`podguard: warning: <text>`; never kept back by quiet."""
     line(_prefixed(f"warning: {_scrubbed(text)}"), loud=True, stream=stream)
+
+
+def error(text: str, *, stream: TextIO | None = None) -> None:
+    """`podguard: error: <text>`: why a command refused or failed (one line naming the bad value); never kept
+    back by quiet."""
+    line(_prefixed(f"error: {_scrubbed(text)}"), loud=True, stream=stream)
 
 
 def line(text: str, *, loud: bool = False, stream: TextIO | None = None) -> None:

@@ -7,6 +7,7 @@ stand-in GPU processes on the fake NVML; run B is `run_preflight` for `run` on a
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from fakenvml import NvmlNode, pid_alive
 from fakenvml.runs import LeasedRun
+from podguard import console
 from podguard.preflight.options import PreflightOptions, ProbeMode
 from podguard.preflight.pipeline import run_preflight
 
@@ -33,7 +35,7 @@ def run_b(node: NvmlNode, gpu_list: str, **changes: Any) -> Any:
     opts = PreflightOptions(
         command="run", gpu_list=gpu_list, lease=True, probe=ProbeMode.OFF, dev_dir=node.dev_dir, **fields
     )
-    result = run_preflight(opts, quiet=True)
+    result = run_preflight(opts)
     if result.lease is not None:
         result.lease.release()
     return result
@@ -66,3 +68,20 @@ def test_cleanup_inside_run_never_touches_a_process_under_another_live_lease(cli
     assert skipped[a.kids[0]]["code"] == "leased" and f"pid {a.pid}" in skipped[a.kids[0]]["reason"]
     assert "hf_abcdefghijklmnopqrstuvwx" not in Path(result.report_path).read_text()  # redacted lease command
     assert any("another live podguard run" in r for r in report["recommendations"])
+
+
+def test_a_run_waiting_for_leased_gpus_says_how_the_wait_goes(cli_node: NvmlNode, runs) -> None:
+    # --wait-for-gpus: run B waits for run A's GPU 0. It used to wait in silence (the preflight never handed
+    # the lease wait a way to speak); now the console names the holder while it waits, then B gets the GPU.
+    a = LeasedRun(cli_node, "0", [])
+    runs.append(a)
+    release = threading.Timer(0.6, a.stop)
+    release.start()
+    try:
+        with console.captured() as lines:
+            result = run_b(cli_node, "0", wait_for_gpus=True, busy_timeout_s=30.0)
+    finally:
+        release.join()
+    assert result.exit_code == 0, result.summary
+    waits = [line for line in lines if "waiting for GPUs" in line]
+    assert waits and f"pid {a.pid}" in waits[0] and waits[0].startswith("podguard: "), lines

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.launch.ports import allocate_master_port, master_port_from_env, port_in_use
@@ -124,14 +125,12 @@ def test_overlap_is_waited_for_then_acquired_when_the_holder_releases(lease_dir,
     h = Holder(lease_dir, "0,1")
     holders.append(h)
     h.result()
-    messages: list[str] = []
     timer = threading.Timer(0.4, h.release)
     timer.start()
     t0 = time.monotonic()
     try:
-        lease = acquire_gpus(
-            [GPUS[1], GPUS[2]], explicit=True, wait=True, timeout_s=15, progress=messages.append, lease_dir=lease_dir
-        )
+        with console.captured() as messages:
+            lease = acquire_gpus([GPUS[1], GPUS[2]], explicit=True, wait=True, timeout_s=15, lease_dir=lease_dir)
     finally:
         timer.join()
     with lease:

@@ -27,7 +27,7 @@ def _preflight(node: NvmlNode, gpu_list: str, **changes: object):
     opts = PreflightOptions(
         command="run", gpu_list=gpu_list, probe=ProbeMode.OFF, dev_dir=node.dev_dir, grace_s=1.0, **changes
     )
-    return run_preflight(opts, quiet=True)
+    return run_preflight(opts)
 
 
 def test_a_run_on_one_mig_slice_stops_only_that_slices_holders(cli_node: NvmlNode) -> None:

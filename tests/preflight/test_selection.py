@@ -125,6 +125,6 @@ def test_the_run_summary_prints_the_gpu_list_warning(nvml_node, tmp_path):
     from podguard.preflight.pipeline import run_preflight
 
     opts = PreflightOptions(command="run", gpu_list="-1", probe=ProbeMode.OFF, state_dir=tmp_path / "state")
-    result = run_preflight(opts, quiet=True)
+    result = run_preflight(opts)
     assert result.exit_code == 0 and result.selection is not None and result.selection.cpu_only
     assert "! GPU_LIST='-1' selects no GPU although this node has 8" in result.summary

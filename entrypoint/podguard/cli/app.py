@@ -92,17 +92,17 @@ def main(argv: list[str] | None = None) -> None:
     except click_exc.UsageError as exc:
         hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
         _refused_in_pod(args, ExitCode.USAGE, exc.format_message())
-        print(f"podguard: error: {exc.format_message()}{hint}", file=sys.stderr)
+        console.error(f"{exc.format_message()}{hint}")
         code = ExitCode.USAGE
     except click_exc.ClickException as exc:
         _refused_in_pod(args, ExitCode.USAGE, exc.format_message())
-        print(f"podguard: error: {exc.format_message()}", file=sys.stderr)
+        console.error(exc.format_message())
         code = ExitCode.USAGE
     except typer_exc.Abort:
         code = 130
     except PodguardError as exc:  # (train/run: an option's value refused before the conductor ran)
         _refused_in_pod(args, exc.code, exc.message)
-        print(f"podguard: error: {exc.message}", file=sys.stderr)
+        console.error(exc.message)
         code = exc.code
     except BrokenPipeError:
         code = _reader_gone()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 
+from podguard import console
 from podguard.cli.app import discard_stdout
 from podguard.cli.options import PREFLIGHT
 from podguard.cli.params import Json, options
@@ -46,7 +46,7 @@ def gpus(opts: PreflightOptions, as_json: Json = False) -> None:
     else:
         _print(render_inventory(payload))
     if payload.get("error"):
-        print(f"podguard: error: {payload['error']['message']}", file=sys.stderr)
+        console.error(payload["error"]["message"])
         raise typer.Exit(payload["error"]["exit_code"])
 
 

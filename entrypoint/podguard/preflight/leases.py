@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.gpu.selected import SelectedGpu, Selection
 from podguard.preflight.lease_files import (
@@ -223,7 +224,6 @@ def acquire_gpus(
     explicit: bool,
     wait: bool = False,
     timeout_s: float | None = None,
-    progress: Callable[[str], None] | None = None,
     lease_dir: Path | None = None,
     command: str | None = None,
 ) -> GpuLease:
@@ -232,8 +232,9 @@ def acquire_gpus(
     explicit=True (GPU_LIST / CUDA_VISIBLE_DEVICES named them): all `candidates`, exactly; `count`, if
     given, must equal their number. explicit=False: the first `count` (default: all) free candidates,
     so concurrent runs end up on disjoint sets. When they are not free: refuse at once with exit 75
-    naming the holders (wait=False), or poll with backoff, reporting through `progress`, until they are
-    (wait=True) or `timeout_s` passes (None = no limit), then exit 75.
+    naming the holders (wait=False), or poll with backoff, saying how the wait goes (a console line when the
+    holders change, and every few seconds), until they are (wait=True) or `timeout_s` passes (None = no limit),
+    then exit 75.
     No candidates (a CPU-only run) gives an empty lease.
     """
     cands = list(dict.fromkeys(candidates))
@@ -267,8 +268,8 @@ def acquire_gpus(
                 f"still busy after waiting {now - start:.0f}s: {text}; a retry may succeed once they are released",
                 ExitCode.GPUS_BUSY,
             )
-        if progress is not None and (text != last_text or now - last_report >= _PROGRESS_EVERY_S):
-            progress(
+        if text != last_text or now - last_report >= _PROGRESS_EVERY_S:
+            console.say(
                 f"waiting for GPUs ({now - start:.0f}s{'' if timeout_s is None else f' of {timeout_s:.0f}s'}): {text}"
             )
             last_report, last_text = now, text

@@ -10,13 +10,13 @@ verdict -> report. Never imports torch (the CUDA probe runs in a child) and neve
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError
 from podguard.gpu.backend import GpuBackend, GpuSnapshot, NvmlUnavailable
 from podguard.gpu.factory import open_backend
@@ -56,8 +56,6 @@ def run_preflight(
     opts: PreflightOptions,
     *,
     backend_factory: Callable[[], GpuBackend | None] | None = None,
-    out: TextIO | None = None,
-    quiet: bool = False,
     validate_selection: Callable[[Selection], None] | None = None,
     held: GpuLease | None = None,
     faulted: Mapping[str, tuple[str, str]] | None = None,
@@ -69,8 +67,7 @@ def run_preflight(
     restarted job already leases (`--restarts`): they are kept, not leased again, and never released here.
     `faulted`: GPUs with a fatal fault during an earlier attempt (gate/stage.py `follow_faults`): unhealthy.
     """
-    out = out if out is not None else sys.stderr
-    pre = Preflight(opts, backend_factory, out, quiet, validate_selection, held)
+    pre = Preflight(opts, backend_factory, validate_selection, held)
     pre.faulted = dict(faulted or {})
     return pre.run()
 
@@ -82,16 +79,12 @@ class Preflight:
         self,
         opts: PreflightOptions,
         backend_factory: Callable[[], GpuBackend | None] | None,
-        out: TextIO,
-        quiet: bool,
         validate_selection: Callable[[Selection], None] | None,
         held: GpuLease | None = None,
     ) -> None:
         self.opts = opts
         self.held = held
         self.faulted: dict[str, tuple[str, str]] = {}  # GPUs that faulted during an earlier attempt
-        self.out = out
-        self.quiet = quiet
         self.backend_factory = backend_factory
         self.validate_selection = validate_selection
         self.imports_ms = self._import_what_is_needed()
@@ -144,7 +137,7 @@ class Preflight:
         try:
             state = state_dir(self.opts.state_dir)
         except PodguardError as exc:
-            self._emit(f"podguard: error: {exc.message}")
+            console.error(exc.message)
             return PreflightResult(exc.code, None, None, exc.message, exc.message)
         try:
             self.open_backend()
@@ -238,7 +231,6 @@ class Preflight:
             explicit=explicit,
             wait=self.opts.wait_for_gpus,
             timeout_s=self.opts.busy_timeout_s,
-            progress=self._progress(),
             lease_dir=self._lease_dir(),
             command=self.opts.extra.get("command_line"),
         )
@@ -269,7 +261,6 @@ class Preflight:
                 busy_timeout_s=opts.busy_timeout_s,
                 idle_memory_mib=opts.idle_memory_mib,
                 dry_run=opts.dry_run,
-                progress=self._progress(),
             )
             self.payload["cleanup"] = self.cleanup.to_dict()
             self.idle_states = dict(self.cleanup.states)
@@ -284,7 +275,6 @@ class Preflight:
                 idle_memory_mib=opts.idle_memory_mib,
                 dev_dir=opts.dev_dir,
                 mig=mig_scope({s.index: s for s in self.inventory}, self.selection.mig_devices),
-                progress=self._progress(),
             )
             self.waited_s = time.perf_counter() - t
             self.payload["wait"] = {str(i): s.to_dict() for i, s in self.idle_states.items()}
@@ -382,7 +372,7 @@ class Preflight:
             summary = f"podguard: error: {self.message}"  # bad input: one line naming it; nothing was done
         else:
             summary = format_summary(self.payload)
-        self._emit(summary)
+        console.line(summary, loud=self.exit_code != ExitCode.OK)  # the verdict: always shown, as it is
         return PreflightResult(
             self.exit_code, self.selection, report_path, summary, self.message, self.lease, self._reasons()
         )
@@ -398,13 +388,6 @@ class Preflight:
             if gpu["verdict"] not in (Verdict.HEALTHY, Verdict.IN_USE)
         ]
         return tuple(redact_data(lines or [f"{word}: {self.message or 'the preflight failed'}"]))
-
-    def _progress(self) -> Callable[[str], None] | None:
-        return None if self.quiet else (lambda text: self._emit(f"podguard: {text}"))
-
-    def _emit(self, text: str) -> None:
-        if not self.quiet and text:
-            print(text, file=self.out, flush=True)
 
 
 def _ids(indices: list[int]) -> str:

@@ -24,6 +24,7 @@ import podguard.preflight.cleanup.idle as idle_mod
 import podguard.preflight.cleanup.pidfd as pidfd_mod
 import podguard.preflight.cleanup.stopround as stopround_mod
 from fakes import FakeBackend
+from podguard import console
 from podguard.gpu.backend import GpuProcess
 from podguard.preflight.cleanup.executor import (
     CleanupResult,
@@ -343,8 +344,8 @@ def test_cleanup_convenience_and_progress(spawner: Spawner, monkeypatch: pytest.
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0", ignore_term=True)
     nvml(backend, 0, pid)
-    notes: list[str] = []
-    res = cleanup(backend, [0], dev_dir=spawner.dev, grace_s=0.25, busy_timeout_s=2, progress=notes.append)
+    with console.captured() as notes:
+        res = cleanup(backend, [0], dev_dir=spawner.dev, grace_s=0.25, busy_timeout_s=2)
     assert res.ok and not alive(pid)
     assert any("stopping 1 process" in n for n in notes)
     assert any("waiting for 1 process(es) to exit after SIGTERM" in n for n in notes)

@@ -261,7 +261,7 @@ def test_probe_children_are_started_without_preexec_fn_and_before_the_xid_watche
     monkeypatch.setattr(runner.subprocess, "Popen", recording_popen)
     probe = _script(tmp_path, "ok.sh", "exit 0\n")
     opts = PreflightOptions(command="health", gpu_list="0,1", probe_cmd=probe, state_dir=tmp_path / "state")
-    result = run_preflight(opts, quiet=True)
+    result = run_preflight(opts)
     assert result.exit_code == 0, result.summary
     assert len(seen) == 2
     for preexec_fn, threads in seen:

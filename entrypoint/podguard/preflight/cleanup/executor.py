@@ -1,7 +1,7 @@
 """Stop what holds the selected GPUs, safely and fast, and wait until their memory is back and stays back.
 
     plan = plan_cleanup(backend, [0], dev_dir="/dev")
-    result = execute_cleanup(plan, backend, grace_s=7, busy_timeout_s=60, progress=print)
+    result = execute_cleanup(plan, backend, grace_s=7, busy_timeout_s=60)   # its progress: console lines
     result.ok, result.killed, result.recommendations
 
 `execute_cleanup` builds a `CleanupRun` (fields instead of closures, one method per phase, a `Phase`
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from podguard import console
 from podguard.gpu.backend import GpuBackend
 from podguard.preflight.cleanup.advice import HEAL_ADVICE, gpus_text, memory_text, recommend, starters_still_running
 from podguard.preflight.cleanup.evidence import short
-from podguard.preflight.cleanup.idle import BACKOFF_CAP_S, BACKOFF_START_S, IdleWatch, Progress, wait_for_idle
+from podguard.preflight.cleanup.idle import BACKOFF_CAP_S, BACKOFF_START_S, IdleWatch, Throttle, wait_for_idle
 from podguard.preflight.cleanup.planner import plan_cleanup, replan
 from podguard.preflight.cleanup.policy import Policy
 from podguard.preflight.cleanup.process_table import ProcessTable, scan_processes, ticks_now
@@ -74,13 +75,11 @@ class CleanupRun:
         plan: CleanupPlan,
         backend: GpuBackend,
         settings: CleanupSettings,
-        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.plan = plan
         self.config = plan.config
         self.backend = backend
         self.settings = settings
-        self.progress = progress
         self.phase = Phase.PLANNED
         self.started = time.monotonic()
         self.started_ticks = ticks_now() - 1  # processes started after this are new: respawns, not bystanders
@@ -163,12 +162,11 @@ class CleanupRun:
                 self.done.add((t.pid, t.start_time))
             return False
         self.rounds += 1
-        if self.progress is not None:
-            gpus = sorted({g for t in fresh for g in t.gpus})
-            self.progress(
-                f"stopping {len(fresh)} process(es) in {len({t.tree for t in fresh})} job tree(s) holding "
-                f"{gpus_text(gpus)} (round {self.rounds})"
-            )
+        gpus = sorted({g for t in fresh for g in t.gpus})
+        console.say(
+            f"stopping {len(fresh)} process(es) in {len({t.tree for t in fresh})} job tree(s) holding "
+            f"{gpus_text(gpus)} (round {self.rounds})"
+        )
         t0 = time.monotonic()
         procs = StopRound(
             fresh,
@@ -176,7 +174,6 @@ class CleanupRun:
             self.rounds,
             grace_s=self.settings.grace_s,
             kill_timeout_s=self.settings.kill_timeout_s,
-            progress=self.progress,
         ).run()
         self.timings["stop"] += (time.monotonic() - t0) * 1000.0
         targeted = {p.pid for p in procs}
@@ -241,12 +238,9 @@ class CleanupRun:
             if not why:
                 self.respawners[parent.pid] = parent.start_time
                 found = True
-                log.warning(
-                    "pid %d (%s) started holder %d again after its previous child was stopped: it is the "
-                    "root of the next round",
-                    parent.pid,
-                    parent.safe_command[:120],
-                    h.pid,
+                console.warn(
+                    f"pid {parent.pid} ({parent.safe_command[:120]}) started holder {h.pid} again after its "
+                    "previous child was stopped: it is the root of the next round"
                 )
         return found
 
@@ -276,7 +270,7 @@ class CleanupRun:
         """Poll until every GPU is idle and has stayed quiet for `quiet_s` (only after a kill), or the
         deadline passes; look for respawns now and then while busy and on every poll while quiet."""
         t_wait = time.monotonic()
-        notes = Progress(self.progress)
+        notes = Throttle()
         delay = BACKOFF_START_S
         quiet_since: float | None = None
         while True:
@@ -295,7 +289,7 @@ class CleanupRun:
             if now >= end or (self.watch.hopeless and not acted):
                 break
             if not idle and notes.due(now):
-                notes.say(self.watch.note(self.deadline))
+                console.say(self.watch.note(self.deadline))
             delay = BACKOFF_START_S if (self.watch.progressed or acted) else delay
             time.sleep(max(0.0, min(delay, end - time.monotonic())))
             delay = min(delay * 2, BACKOFF_CAP_S)
@@ -328,9 +322,9 @@ class CleanupRun:
             self.timings["release_after_last_exit"] = max(0.0, (idle_at - self.last_exit) * 1000.0)
         for s in states.values():
             if s.state is GpuState.PHANTOM:
-                log.warning("GPU%d: %s; %s", s.index, s.detail, HEAL_ADVICE)
+                console.warn(f"GPU{s.index}: {s.detail}; {HEAL_ADVICE}")
             elif s.state in (GpuState.BUSY, GpuState.UNKNOWN):
-                log.warning("GPU%d still %s: %s", s.index, s.state.value, s.detail)
+                console.warn(f"GPU{s.index} still {s.state.value}: {s.detail}")
         skipped = tuple(sorted(self.skipped.values(), key=lambda s: (s.pid, s.code)))
         respawners = tuple(self.respawn_records[k] for k in sorted(self.respawn_records))
         recs = recommend(self.plan, self.actions, skipped, states, respawners)
@@ -358,7 +352,6 @@ def execute_cleanup(
     busy_timeout_s: float = 60.0,
     idle_memory_mib: int = 512,
     dry_run: bool = False,
-    progress: Callable[[str], None] | None = None,
     kill_timeout_s: float = 5.0,
     max_rounds: int = 3,
     quiet_s: float = QUIET_S,
@@ -371,7 +364,7 @@ def execute_cleanup(
     with the GPUs' current state from a single poll.
     """
     settings = CleanupSettings(grace_s, busy_timeout_s, idle_memory_mib, dry_run, kill_timeout_s, max_rounds, quiet_s)
-    return CleanupRun(plan, backend, settings, progress).run()
+    return CleanupRun(plan, backend, settings).run()
 
 
 def cleanup(
@@ -382,9 +375,8 @@ def cleanup(
     protect: Sequence[str] = (),
     patterns: Sequence[str] = (),
     self_pid: int | None = None,
-    progress: Callable[[str], None] | None = None,
     **settings: float | int | bool,
 ) -> CleanupResult:
     """`plan_cleanup` then `execute_cleanup`, for callers that do not need to look at the plan first."""
     plan = plan_cleanup(backend, gpu_indices, dev_dir=dev_dir, protect=protect, patterns=patterns, self_pid=self_pid)
-    return execute_cleanup(plan, backend, progress=progress, **settings)  # type: ignore[arg-type]
+    return execute_cleanup(plan, backend, **settings)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.gpu.backend import GpuBackend, GpuProcess, GpuQueryError
 from podguard.preflight.cleanup.devices import resolve_dev_dir
 from podguard.preflight.cleanup.planner import build_plan, gpu_list, short
@@ -22,29 +23,24 @@ from podguard.preflight.cleanup.process_table import ProcessTable, scan_processe
 from podguard.preflight.cleanup.vocabulary import Evidence, GpuIdleState, GpuState, PlanConfig
 from podguard.units import MIB, describe_memory
 
-__all__ = ["IdleWatch", "Progress", "wait_for_idle"]
+__all__ = ["IdleWatch", "Throttle", "wait_for_idle"]
 
 BACKOFF_START_S = 0.005
 BACKOFF_CAP_S = 0.100
 PROGRESS_EVERY_S = 1.0
 
 
-class Progress:
-    """Rate-limited progress lines for a long wait (at most one per PROGRESS_EVERY_S)."""
+class Throttle:
+    """When a long wait says how it goes: at most once per PROGRESS_EVERY_S (the first after one period)."""
 
-    def __init__(self, sink: object) -> None:
-        self.sink = sink
+    def __init__(self) -> None:
         self.next_at = time.monotonic() + PROGRESS_EVERY_S
 
     def due(self, now: float) -> bool:
-        if self.sink is None or now < self.next_at:
+        if now < self.next_at:
             return False
         self.next_at = now + PROGRESS_EVERY_S
         return True
-
-    def say(self, text: str) -> None:
-        if self.sink is not None:
-            self.sink(text)  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -196,7 +192,6 @@ def wait_for_idle(
     minors: Mapping[int, int] | None = None,
     mig: Mapping[int, Sequence[str]] | None = None,
     self_pid: int | None = None,
-    progress: object = None,
 ) -> dict[int, GpuIdleState]:
     """Poll NVML until each GPU is idle or `deadline` (a `time.monotonic()` value) passes.
 
@@ -206,7 +201,7 @@ def wait_for_idle(
     """
     gpus = list(dict.fromkeys(gpu_indices))
     watch = IdleWatch(backend, gpus, idle_memory_mib=idle_memory_mib, mig=mig)
-    notes = Progress(progress)
+    notes = Throttle()
     delay = BACKOFF_START_S
     while True:
         if watch.poll() or watch.hopeless:
@@ -215,7 +210,7 @@ def wait_for_idle(
         if now >= deadline:
             break
         if notes.due(now):
-            notes.say(watch.note(deadline))
+            console.say(watch.note(deadline))
         delay = BACKOFF_START_S if watch.progressed else delay
         time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
         delay = min(delay * 2, BACKOFF_CAP_S)

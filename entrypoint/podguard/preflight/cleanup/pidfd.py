@@ -9,18 +9,16 @@ right before each `kill`, so a PID reused since the scan is never signalled.
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import signal
 import time
 
+from podguard import console
 from podguard.preflight.cleanup.process_table import read_stat
 from podguard.preflight.cleanup.vocabulary import KillRecord, Outcome, Target
 
 __all__ = ["PinnedProcess"]
-
-log = logging.getLogger("podguard.cleanup")
 
 
 class PinnedProcess:
@@ -100,7 +98,7 @@ class PinnedProcess:
             return False
         except PermissionError:
             self.outcome = Outcome.NOT_PERMITTED
-            log.warning("not permitted to signal pid %d (%s): %s", self.pid, self.target.cmdline, sig.name)
+            console.warn(f"not permitted to signal pid {self.pid} ({self.target.cmdline}): {sig.name}")
             return False
         if record:
             self.signals.append(sig.name)

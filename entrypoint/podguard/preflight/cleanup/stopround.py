@@ -1,6 +1,6 @@
 """One round of stopping job trees: freeze, SIGTERM launcher first, thaw, grace, freeze survivors, SIGKILL.
 
-    procs = StopRound(targets, config, round_no=1, grace_s=7, kill_timeout_s=5, progress=print).run()
+    procs = StopRound(targets, config, round_no=1, grace_s=7, kill_timeout_s=5, ).run()
     [p.record() for p in procs]  # KillRecords
 
 Why freeze first, why launcher first, and why exits are awaited with poll() on pidfds: docs/cleanup.md.
@@ -14,8 +14,9 @@ import math
 import select
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from podguard import console
 from podguard.preflight.cleanup.advice import HEAL_ADVICE, gpus_text, memory_text, unkillable_text
 from podguard.preflight.cleanup.deferral import deferred_signals
 from podguard.preflight.cleanup.pidfd import PinnedProcess
@@ -28,7 +29,6 @@ __all__ = ["StopRound"]
 
 log = logging.getLogger("podguard.cleanup")
 
-Progress = Callable[[str], None]
 
 BACKOFF_START_S = 0.005
 BACKOFF_CAP_S = 0.100
@@ -47,14 +47,12 @@ class StopRound:
         *,
         grace_s: float,
         kill_timeout_s: float,
-        progress: Progress | None = None,
     ) -> None:
         self.procs = [PinnedProcess(t, round_no) for t in targets]
         self.config = config
         self.round = round_no
         self.grace_s = grace_s
         self.kill_timeout_s = kill_timeout_s
-        self.progress = progress
 
     def run(self) -> list[PinnedProcess]:
         for p in self.procs:
@@ -62,9 +60,9 @@ class StopRound:
         try:
             with deferred_signals():
                 self._freeze_term_thaw()
-            if self.progress is not None and any(p.live for p in self.procs):
+            if any(p.live for p in self.procs):
                 sent = sum(1 for p in self.procs if p.signals)
-                self.progress(f"sent SIGTERM to {sent} process(es); grace {self.grace_s:g}s")
+                console.say(f"sent SIGTERM to {sent} process(es); grace {self.grace_s:g}s")
             self._wait_exits(self.procs, time.monotonic() + self.grace_s, "SIGTERM")
             if any(p.live for p in self.procs):
                 with deferred_signals():
@@ -177,8 +175,7 @@ class StopRound:
             if polled:
                 timeout = min(timeout, delay)
                 delay = min(delay * 2, BACKOFF_CAP_S)
-            if self.progress is not None:
-                timeout = min(timeout, max(0.0, next_note - now))
+            timeout = min(timeout, max(0.0, next_note - now))
             for fd, _event in poller.poll(max(1, math.ceil(timeout * 1000))):
                 by_fd[fd].mark_exited(time.monotonic())
                 poller.unregister(fd)
@@ -187,8 +184,8 @@ class StopRound:
                     p.mark_exited(time.monotonic())
             pending = [p for p in pending if p.live]
             now = time.monotonic()
-            if self.progress is not None and pending and now >= next_note:
-                self.progress(f"waiting for {len(pending)} process(es) to exit after {what} ({now - started:.0f}s)")
+            if pending and now >= next_note:
+                console.say(f"waiting for {len(pending)} process(es) to exit after {what} ({now - started:.0f}s)")
                 next_note = now + PROGRESS_EVERY_S
 
     def _mark_unkillable(self, survivors: Sequence[PinnedProcess]) -> None:
@@ -198,26 +195,18 @@ class StopRound:
                 p.state = st.state if st is not None else None
                 p.outcome = Outcome.UNKILLABLE
                 p.note = unkillable_text(p.state)
-                log.error(
-                    "pid %d (%s) is still there %.3gs after SIGKILL (state %s): unkillable; %s",
-                    p.pid,
-                    p.target.cmdline,
-                    self.kill_timeout_s,
-                    p.state,
-                    HEAL_ADVICE,
+                console.warn(
+                    f"pid {p.pid} ({p.target.cmdline}) is still there {self.kill_timeout_s:.3g}s after SIGKILL "
+                    f"(state {p.state}): unkillable; {HEAL_ADVICE}"
                 )
 
     @staticmethod
     def _log(level: int, sig: str, t: Target, after: str) -> None:
-        log.log(
-            level,
-            "%s pid %d [%s] on %s (%s)%s: %s | %s",
-            sig,
-            t.pid,
-            t.role.value,
-            gpus_text(t.gpus),
-            memory_text(t),
-            after,
-            t.reason,
-            t.cmdline,
-        )
+        """Each signal sent: a SIGKILL is said (a job that ignored its grace), a SIGTERM is a record for the
+        cleanup's logger (PODGUARD_DEBUG=1 shows it; the report lists every kill)."""
+        where = f"{gpus_text(t.gpus)} ({memory_text(t)})"
+        text = f"{sig} pid {t.pid} [{t.role.value}] on {where}{after}: {t.reason} | {t.cmdline}"
+        if level >= logging.WARNING:
+            console.warn(text)
+        else:
+            log.log(level, "%s", text)
