@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 
 if TYPE_CHECKING:
@@ -98,13 +99,13 @@ def build(
         python = _base_python(client, base)
     else:
         python = python or image_python(client, base)
-        print(f"podguard image build: base {base}, Python {python}, torch {torch or 'default'}", file=sys.stderr)
+        console.line(f"podguard image build: base {base}, Python {python}, torch {torch or 'default'}")
     build_wheelhouse(root, python=python, torch_spec=torch)
     meta = source_metadata(root, source)
     plan = plan_build(root, base=base, tag=tag, meta=meta, nocache=no_cache, torch_base=torch_base)
-    result = run_build(client, plan, out=sys.stderr)
+    result = run_build(client, plan)
     if as_json:
-        print(_added_line(result.added_bytes, base, torch_base), file=sys.stderr)  # "podguard adds ...": no prefix
+        console.line(_added_line(result.added_bytes, base, torch_base))  # "podguard adds ...": no prefix
         _emit(asdict(result))
         return
     size_mb = result.size_bytes / 1e6
@@ -120,9 +121,8 @@ def _base_python(client: docker.DockerClient, base: str) -> str:
 
     found = inspect_base(client, base)
     require_base_torch(found, base)
-    print(
-        f"podguard image build: base {base}, its Python {found.python} ({found.executable}), its torch {found.torch}",
-        file=sys.stderr,
+    console.line(
+        f"podguard image build: base {base}, its Python {found.python} ({found.executable}), its torch {found.torch}"
     )
     return found.python_xy
 
@@ -186,9 +186,9 @@ def run(
             raise UsageError(f"--env {item!r} is not valid; expected NAME=VALUE")
         extra[name] = value
     request = RunRequest(spec=read_pod_spec(spec), gpus=wanted, image=image, env=extra, bind=bind, force=force)
-    result = run_pod(connect(), request, out=sys.stderr)
+    result = run_pod(connect(), request)
     for note in result.notes:
-        print(f"podguard image run: note: {note}", file=sys.stderr)
+        console.line(f"podguard image run: note: {note}")
     if as_json:
         _emit(asdict(result))
         return

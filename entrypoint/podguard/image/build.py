@@ -1,7 +1,7 @@
 """`podguard image build`: the wheelhouse on the host, then the Dockerfile through the Docker SDK.
 
     plan = plan_build(root, base="podguard-test-base:bookworm", tag="podguard-test:latest", meta=source_metadata(root))
-    result = run_build(connect(), plan, out=sys.stderr)
+    result = run_build(connect(), plan)   # the transcript: console lines
 
 `--torch base` (`plan_build(..., torch_base=True)`) builds docker/torch-base.Dockerfile: the base's own
 Python and torch, podguard added on top (image/basetorch.py reads the base first). Either way the result
@@ -17,8 +17,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.image.build_progress import BuildPrinter
 from podguard.image.context import BuildContext
@@ -83,13 +84,13 @@ def plan_build(
     return BuildPlan(root, base, tuple(dict.fromkeys(tags)), buildargs, nocache, torch_base)
 
 
-def run_build(client: docker.DockerClient, plan: BuildPlan, out: TextIO) -> BuildResult:
-    """Send the context, stream the engine's progress to `out`, tag the image; one line on failure."""
+def run_build(client: docker.DockerClient, plan: BuildPlan) -> BuildResult:
+    """Send the context, show the engine's progress (console lines), tag the image; one line on failure."""
     from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     context = BuildContext.collect(plan.root, torch_base=plan.torch_base)
-    printer = BuildPrinter(out)
-    out.write(f"building {plan.tags[0]} on {plan.base} from {context.dockerfile} ({len(context.files)} files)\n")
+    printer = BuildPrinter()
+    console.line(f"building {plan.tags[0]} on {plan.base} from {context.dockerfile} ({len(context.files)} files)")
     try:
         events = client.api.build(
             fileobj=context.stream(printer.upload),

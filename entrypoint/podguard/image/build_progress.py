@@ -1,7 +1,7 @@
 """Show a build as it happens: the context upload, each Dockerfile step with its start time, RUN output,
 base-image pulls (one line per layer and status, not every progress tick), and the error that ended it.
 
-    printer = BuildPrinter(sys.stderr)
+    printer = BuildPrinter()            # the build's transcript: console lines as they are (stderr)
     for event in client.api.build(..., decode=True):
         printer.event(event)            # raises PodguardError on a build error
     printer.image_id                     # "sha256:..." once the engine reported it
@@ -10,8 +10,9 @@ base-image pulls (one line per layer and status, not every progress tick), and t
 from __future__ import annotations
 
 import time
-from typing import Any, TextIO
+from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError
 from podguard.units import MIB
 
@@ -19,8 +20,7 @@ __all__ = ["BuildPrinter"]
 
 
 class BuildPrinter:
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
+    def __init__(self) -> None:
         self.started = time.monotonic()
         self.image_id: str | None = None
         self.steps = 0
@@ -36,8 +36,7 @@ class BuildPrinter:
         decile = 10 if total <= 0 else min(10, sent * 10 // total)
         if decile > self._upload_decile:
             self._upload_decile = decile
-            self.out.write(f"{self._elapsed()} sending the build context: {sent / MIB:.0f} of {total / MIB:.0f} MiB\n")
-            self.out.flush()
+            console.line(f"{self._elapsed()} sending the build context: {sent / MIB:.0f} of {total / MIB:.0f} MiB")
 
     def event(self, event: dict[str, Any]) -> None:
         if "error" in event:
@@ -59,13 +58,11 @@ class BuildPrinter:
             elif line.strip() == "---> Using cache":
                 self.cached_steps += 1
             if line.strip():
-                self.out.write(line + "\n")
-        self.out.flush()
+                console.line(line)
 
     def _status(self, event: dict[str, Any]) -> None:
         status, layer = str(event["status"]), str(event.get("id", ""))
         if (layer, status) in self._pull_seen:
             return  # a progress tick of a layer already announced in this state
         self._pull_seen.add((layer, status))
-        self.out.write(f"{self._elapsed()} {layer + ': ' if layer else ''}{status}\n")
-        self.out.flush()
+        console.line(f"{self._elapsed()} {layer + ': ' if layer else ''}{status}")

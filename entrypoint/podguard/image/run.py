@@ -1,6 +1,6 @@
 """`podguard image run`: run a pod spec's image on this Docker host the way RunPod would run it.
 
-    result = run_pod(connect(), RunRequest(spec=read_pod_spec(path), gpus=parse_gpus("all")), out=sys.stderr)
+    result = run_pod(connect(), RunRequest(spec=read_pod_spec(path), gpus=parse_gpus("all")))
 
 What RunPod gives a pod, reproduced: the spec's command, env and ports (published on 127.0.0.1, each on a
 free host port), a named volume at the spec's volume path, `RUNPOD_POD_ID` (new for every container, like a
@@ -21,8 +21,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.image import LABEL_MANAGED, LABEL_POD
 from podguard.image.engine import engine_error, has_nvidia_runtime
@@ -134,10 +135,10 @@ def _gpu_holders(client: docker.DockerClient, want: GpuSet, req: RunRequest, nam
     return holders
 
 
-def _stop_holders(client: docker.DockerClient, holders: list[GpuHolder], out: TextIO) -> list[str]:
+def _stop_holders(client: docker.DockerClient, holders: list[GpuHolder]) -> list[str]:
     for holder in holders:
         who = "started by podguard" if holder.managed else "not podguard's; --force"
-        out.write(f"stopping {holder.name} ({holder.short_id}, {who}): it holds {holder.gpus.describe()}\n")
+        console.say(f"stopping {holder.name} ({holder.short_id}, {who}): it holds {holder.gpus.describe()}")
         client.containers.get(holder.name).stop(timeout=STOP_TIMEOUT_S)
     return [h.name for h in holders]
 
@@ -158,7 +159,7 @@ def _previous(client: docker.DockerClient, name: str, force: bool) -> Any:
     return old
 
 
-def _ensure_image(client: docker.DockerClient, image: str, out: TextIO) -> None:
+def _ensure_image(client: docker.DockerClient, image: str) -> None:
     """Pull the image when this host does not have it, before anything is stopped or replaced."""
     from docker.errors import DockerException, ImageNotFound  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
@@ -166,7 +167,7 @@ def _ensure_image(client: docker.DockerClient, image: str, out: TextIO) -> None:
         client.images.get(image)
         return
     except ImageNotFound:
-        out.write(f"pulling {image}\n")
+        console.say(f"pulling {image}")
     try:
         client.images.pull(image)
     except DockerException as exc:
@@ -200,20 +201,20 @@ def _environment(req: RunRequest, pod_id: str, gpus: GpuSet, notes: list[str]) -
     return env
 
 
-def run_pod(client: docker.DockerClient, req: RunRequest, out: TextIO) -> RunResult:
+def run_pod(client: docker.DockerClient, req: RunRequest) -> RunResult:
     from docker.errors import DockerException  # noqa: PLC0415  lazy: docker SDK, the podguard[image] extra
 
     name, notes = container_name(req.spec), []
     image = req.image or req.spec.image
     try:
         gpus = _gpus(client, req, notes)
-        _ensure_image(client, image, out)
+        _ensure_image(client, image)
         # Everything that can refuse comes first: a refusal leaves the host as it was.
         holders = _gpu_holders(client, gpus, req, name)
         previous = _previous(client, name, req.force)
         if previous is not None:
             previous.remove(force=True)
-        stopped = _stop_holders(client, holders, out)
+        stopped = _stop_holders(client, holders)
         pod_id = secrets.token_hex(7)
         volumes = _volume(client, req.spec, name)
         memory = int(client.info().get("MemTotal") or 0)
