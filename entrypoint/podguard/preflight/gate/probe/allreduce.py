@@ -138,8 +138,8 @@ def _child_env(targets: Sequence[tuple[int, str]], backend: str, env: Mapping[st
 class _Rank:
     """One rank's child: its process (own process group), its output file."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], out: IO[bytes], path: Path) -> None:
-        self.proc, self.out, self.path = proc, out, path
+    def __init__(self, proc: subprocess.Popen[bytes], output: IO[bytes], path: Path) -> None:
+        self.proc, self.output, self.path = proc, output, path
         self.returncode: int | None = None
         self.killed = False  # still running when its group was killed (a timeout, or a peer failed)
 
@@ -171,7 +171,7 @@ class _Rank:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.returncode = self.proc.wait() if self.returncode is None else self.returncode
-        self.out.close()
+        self.output.close()
 
     def report(self) -> tuple[int | None, dict[str, Any] | None, str]:
         """(exit status, 128+N when killed by signal N; its JSON line; the tail of its output)."""
