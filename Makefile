@@ -23,9 +23,9 @@ run: $(STAMP)
 
 ## the whole test suite (real processes, the real NVML binding against a fake libnvidia-ml.so.1), in TEST_WORKERS
 ## parallel pytest-xdist workers: most tests wait on processes, signals and sockets, not on the CPU; the image
-## tests run after them in one process (one image build: xdist_group did not keep them on one worker). TEST_WORKERS=0: one process, no xdist (docs/testing.md)
+## tests run after them in one process (one image build; docs/testing.md says why not xdist_group). TEST_WORKERS=0: one process, no xdist (docs/testing.md)
 TEST_WORKERS ?= 4
-PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS))
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not docker"
 	$(BIN)/python -m pytest -q -p no:xdist -m docker

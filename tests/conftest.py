@@ -142,5 +142,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if where.startswith(TIMING_PATHS):
             item.add_marker(pytest.mark.timing)
-        if where.startswith("image/"):  # under `make test`'s xdist workers: one worker, one image build
-            item.add_marker(pytest.mark.xdist_group("image"))
