@@ -142,3 +142,14 @@ def test_debug_logging_speaks_only_when_asked(monkeypatch: pytest.MonkeyPatch) -
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+def test_prose_that_looks_like_name_value_is_said_as_written() -> None:
+    # Only token shapes and masked values are hidden: "an API key: exiting 124" is podguard's own prose.
+    with console.captured() as lines:
+        console.say("max runtime reached; not inside a RunPod pod with an API key: exiting 124", loud=True)
+        console.say("cache key: 3f2a; token budget: 12")
+    assert lines == [
+        "podguard: max runtime reached; not inside a RunPod pod with an API key: exiting 124",
+        "podguard: cache key: 3f2a; token budget: 12",
+    ]

@@ -19,8 +19,10 @@
 Every line is written whole in one write and flushed, under one lock: podguard's threads (the checkpoint mirror,
 the metrics file, the price poller) say things while the workers' output flows, and a line must never be cut by
 another. podguard's own lines go to stderr (stdout is the job's, or a command's result); `PODGUARD_QUIET=1` keeps
-the ordinary ones back and lets warnings and loud lines through; every said line is redacted (redact.py, and
-each value given to `mask`). `PODGUARD_DEBUG=1` shows podguard's debug logging as `podguard: debug: ...` lines
+the ordinary ones back and lets warnings and loud lines through; every said line has its token-shaped
+secrets masked (redact.py `redact_tokens`: hf_…, sk-…, rpa_…, Bearer …) and each value given to `mask`; text from
+outside (a command line, a server's answer) is the caller's to redact in full (`redact_text`).
+`PODGUARD_DEBUG=1` shows podguard's debug logging as `podguard: debug: ...` lines
 (`debug_logging`). docs/architecture.md, "One console".
 """
 
@@ -35,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from podguard.redact import MASK, redact_text
+from podguard.redact import MASK, redact_tokens
 
 __all__ = [
     "PREFIX",
@@ -208,7 +210,7 @@ def _scrubbed(text: str) -> str:
         tags = list(_tags)
     if tags:
         text = "\n".join(f"{': '.join(tags)}: {part}" for part in text.split("\n"))
-    return redact_text(text)
+    return redact_tokens(text)
 
 
 def _unmasked(text: str) -> str:

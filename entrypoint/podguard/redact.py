@@ -14,7 +14,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-__all__ = ["MASK", "is_secret_name", "redact_argv", "redact_command", "redact_env", "redact_text"]
+__all__ = ["MASK", "is_secret_name", "redact_argv", "redact_command", "redact_env", "redact_text", "redact_tokens"]
 
 MASK = "***"
 
@@ -69,6 +69,12 @@ def is_secret_name(name: str) -> bool:
                 continue
             return True
     return False
+
+
+def redact_tokens(text: str) -> str:
+    """Only the token formats (hf_..., sk-..., rpa_..., Bearer ..., user:password@ in a URL): what can be masked
+    in any text without reading it as `name: value` (the console's lines: "an API key: exiting 124" is prose)."""
+    return _formats(text)
 
 
 def _formats(text: str) -> str:
