@@ -58,7 +58,7 @@ def test_402_and_422_are_never_retried(standin, setup, kind, code):  # noqa: F81
     setup(standin)
     request = A40 if kind is ApiErrorKind.NO_BALANCE else PodRequest(name="t", image="", gpu=GpuInfo("NVIDIA A40", 1))
     with pytest.raises(ApiError) as info:
-        create_first_fit(api(), [request], say=lambda _m: None)
+        create_first_fit(api(), [request])
     assert info.value.kind is kind and info.value.code == code
     assert len(standin.calls("POST", r"^/v2/pods$")) == 1
 
@@ -118,14 +118,14 @@ def test_retries_stop_at_the_budget_with_exit_75(standin):  # noqa: F811
 
 def test_a_lost_create_answer_is_looked_up_by_name_not_sent_again(standin):  # noqa: F811
     standin.fault("POST", r"^/v2/pods$", "lost")
-    pod = create_first_fit(api(), [A40], say=lambda _m: None)
+    pod = create_first_fit(api(), [A40])
     assert [p.id for p in standin.world.pods.values()] == [pod.id]
     assert len(standin.calls("POST", r"^/v2/pods$")) == 1
 
 
 def test_a_create_that_failed_before_it_happened_is_sent_again(standin):  # noqa: F811
     standin.fault("POST", r"^/v2/pods$", "drop")
-    create_first_fit(api(), [A40], say=lambda _m: None)
+    create_first_fit(api(), [A40])
     assert len(standin.world.pods) == 1
     assert len(standin.calls("POST", r"^/v2/pods$")) == 2  # the lookup found nothing, so it was safe
 
@@ -133,7 +133,7 @@ def test_a_create_that_failed_before_it_happened_is_sent_again(standin):  # noqa
 def test_capacity_is_tried_candidate_by_candidate_and_69_lists_them(standin):  # noqa: F811
     h100 = PodRequest(name="t", image="img:1", gpu=GpuInfo("NVIDIA H100 80GB HBM3", 8))
     with pytest.raises(ApiError) as info:
-        create_first_fit(api(), [h100, h100.__class__(**{**h100.__dict__, "data_center": "US-TX-3"})], say=print)
+        create_first_fit(api(), [h100, h100.__class__(**{**h100.__dict__, "data_center": "US-TX-3"})])
     assert info.value.code == ExitCode.GPUS_MISSING
     assert "8x NVIDIA H100 80GB HBM3 in any data centre" in info.value.message
     assert "in US-TX-3" in info.value.message
