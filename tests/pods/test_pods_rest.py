@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from pods_support import KEY, standin  # noqa: F401 (fixture)
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.pods.api import open_api
 from podguard.pods.auth import load_api_key
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.follow import LogFollower
-from podguard.pods.placement import create_first_fit
+from podguard.pods.placement import create_first_fit, first_fit
 from podguard.pods.pod import GpuInfo, LogEvent, PodAction, PodRequest
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.sse import parse_sse
@@ -70,6 +71,23 @@ def test_a_wrong_key_is_77_naming_where_it_came_from_and_not_retried(standin, mo
     assert info.value.code == ExitCode.API_ACCESS
     assert "RUNPOD_API_KEY" in info.value.message and "WRONG" not in info.value.message
     assert len(standin.requests) == 1
+
+
+def test_a_server_error_that_echoes_the_key_is_masked_in_every_console_line(monkeypatch):
+    """Once loaded, the key is never shown in a console line, even where a server's error text echoes it and no
+    transport scrubbed it (an SDK's exception, a proxy's error page): `  not placed: <detail>` says the text."""
+    key = "Q7hXw2LmZp4RtY9sKeyOfThisTest"  # no token shape: redaction alone would not hide it
+    monkeypatch.setenv("RUNPOD_API_KEY", key)
+    load_api_key()
+
+    def refused(_request: PodRequest) -> None:
+        raise ApiError(ApiErrorKind.NO_CAPACITY, "no capacity", detail=f"no room for the request of {key}")
+
+    with console.captured() as lines, pytest.raises(ApiError):
+        first_fit([A40], refused, lambda name: [], RetryPolicy(budget_s=1), kind="pod", none_fits="the test")
+    placed = [line for line in lines if "not placed" in line]
+    assert placed == ["podguard:   not placed: no room for the request of ***"], lines
+    assert not any(key in line for line in lines)
 
 
 def test_the_key_comes_from_the_sdk_config_file_when_the_variable_is_unset(standin, monkeypatch, tmp_path):  # noqa: F811
