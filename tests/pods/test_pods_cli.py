@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
 import time
@@ -251,3 +254,41 @@ def test_commands_that_need_no_graphql_never_import_the_sdk(standin, argv):  # n
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stderr.strip().splitlines()[-1] == "no SDK", proc.stderr
+
+
+def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_ended_before_the_next_line(standin, spec):  # noqa: F811
+    """stderr a terminal: `pod NAME (ID): STATUS, Ns` is one line rewritten in place (console.status), and it never
+    runs into the next line (`... is RUNNING; following its log`); stdout keeps the result alone."""
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [*PODGUARD, "pod", "up", "--spec", str(spec), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        os.close(terminal)
+        terminal = -1
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the command ended and closed its end of the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+    text = shown.decode().replace("\r\n", "\n")  # the terminal's own newline translation
+    assert proc.returncode == 0, text
+    assert json.loads(out)["ready"] is True
+    assert re.search(r"\r\x1b\[Kpodguard: pod trainer \(\w+\): (PROVISIONING|STARTING|RUNNING), \d+s", text), text
+    running = text.index("podguard: pod trainer (")
+    following = text.index("is RUNNING; following its log")
+    line_start = text.rindex("podguard: ", 0, following)
+    assert line_start > running and text[line_start - 1] == "\n", repr(text)  # the status line was ended first

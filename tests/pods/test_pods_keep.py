@@ -433,6 +433,22 @@ def test_a_webhook_that_fails_is_one_warning_and_the_keeper_goes_on(standin, spe
     assert "--notify to http://127.0.0.1:9/... failed" in err and "secret-path" not in err
 
 
+def test_every_line_of_a_keeper_carries_its_name(standin, spec, tmp_path):  # noqa: F811
+    """The keeper's lines are tagged with its name (console.tagged), its events and its warnings alike: a notifier's
+    warning, said from the notifier's own thread, names the keeper too (it did not before)."""
+    proc = keep(spec, "--notify", "http://127.0.0.1:9/hook/secret-path")
+    passes(tmp_path)
+    pod = live_pod(standin.world)
+    say_end(standin.world, pod, "success", 0)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("podguard: ")]
+    assert lines and all("keep trainer: " in line for line in lines), err
+    warned = [line for line in lines if "--notify to http://127.0.0.1:9/... failed" in line]
+    assert warned and all(line.startswith("podguard: warning: keep trainer: ") for line in warned), err
+    assert any(line.startswith("podguard: keep trainer: ") for line in lines), err  # its events
+
+
 # -- quiet while nothing happens ---------------------------------------------------------------------------------
 def test_while_nothing_happens_one_status_request_per_poll_and_one_log_stream(standin, spec, tmp_path):  # noqa: F811
     proc = keep(spec, poll="0.25")

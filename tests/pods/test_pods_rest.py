@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from pods_support import KEY, standin  # noqa: F401 (fixture)
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.pods.api import open_api
 from podguard.pods.auth import load_api_key
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.follow import LogFollower
-from podguard.pods.placement import create_first_fit
+from podguard.pods.placement import create_first_fit, first_fit
 from podguard.pods.pod import GpuInfo, LogEvent, PodAction, PodRequest
 from podguard.pods.retry import RetryPolicy, with_retry
 from podguard.pods.sse import parse_sse
@@ -58,7 +59,7 @@ def test_402_and_422_are_never_retried(standin, setup, kind, code):  # noqa: F81
     setup(standin)
     request = A40 if kind is ApiErrorKind.NO_BALANCE else PodRequest(name="t", image="", gpu=GpuInfo("NVIDIA A40", 1))
     with pytest.raises(ApiError) as info:
-        create_first_fit(api(), [request], say=lambda _m: None)
+        create_first_fit(api(), [request])
     assert info.value.kind is kind and info.value.code == code
     assert len(standin.calls("POST", r"^/v2/pods$")) == 1
 
@@ -70,6 +71,23 @@ def test_a_wrong_key_is_77_naming_where_it_came_from_and_not_retried(standin, mo
     assert info.value.code == ExitCode.API_ACCESS
     assert "RUNPOD_API_KEY" in info.value.message and "WRONG" not in info.value.message
     assert len(standin.requests) == 1
+
+
+def test_a_server_error_that_echoes_the_key_is_masked_in_every_console_line(monkeypatch):
+    """Once loaded, the key is never shown in a console line, even where a server's error text echoes it and no
+    transport scrubbed it (an SDK's exception, a proxy's error page): `  not placed: <detail>` says the text."""
+    key = "Q7hXw2LmZp4RtY9sKeyOfThisTest"  # no token shape: redaction alone would not hide it
+    monkeypatch.setenv("RUNPOD_API_KEY", key)
+    load_api_key()
+
+    def refused(_request: PodRequest) -> None:
+        raise ApiError(ApiErrorKind.NO_CAPACITY, "no capacity", detail=f"no room for the request of {key}")
+
+    with console.captured() as lines, pytest.raises(ApiError):
+        first_fit([A40], refused, lambda name: [], RetryPolicy(budget_s=1), kind="pod", none_fits="the test")
+    placed = [line for line in lines if "not placed" in line]
+    assert placed == ["podguard:   not placed: no room for the request of ***"], lines
+    assert not any(key in line for line in lines)
 
 
 def test_the_key_comes_from_the_sdk_config_file_when_the_variable_is_unset(standin, monkeypatch, tmp_path):  # noqa: F811
@@ -118,14 +136,14 @@ def test_retries_stop_at_the_budget_with_exit_75(standin):  # noqa: F811
 
 def test_a_lost_create_answer_is_looked_up_by_name_not_sent_again(standin):  # noqa: F811
     standin.fault("POST", r"^/v2/pods$", "lost")
-    pod = create_first_fit(api(), [A40], say=lambda _m: None)
+    pod = create_first_fit(api(), [A40])
     assert [p.id for p in standin.world.pods.values()] == [pod.id]
     assert len(standin.calls("POST", r"^/v2/pods$")) == 1
 
 
 def test_a_create_that_failed_before_it_happened_is_sent_again(standin):  # noqa: F811
     standin.fault("POST", r"^/v2/pods$", "drop")
-    create_first_fit(api(), [A40], say=lambda _m: None)
+    create_first_fit(api(), [A40])
     assert len(standin.world.pods) == 1
     assert len(standin.calls("POST", r"^/v2/pods$")) == 2  # the lookup found nothing, so it was safe
 
@@ -133,7 +151,7 @@ def test_a_create_that_failed_before_it_happened_is_sent_again(standin):  # noqa
 def test_capacity_is_tried_candidate_by_candidate_and_69_lists_them(standin):  # noqa: F811
     h100 = PodRequest(name="t", image="img:1", gpu=GpuInfo("NVIDIA H100 80GB HBM3", 8))
     with pytest.raises(ApiError) as info:
-        create_first_fit(api(), [h100, h100.__class__(**{**h100.__dict__, "data_center": "US-TX-3"})], say=print)
+        create_first_fit(api(), [h100, h100.__class__(**{**h100.__dict__, "data_center": "US-TX-3"})])
     assert info.value.code == ExitCode.GPUS_MISSING
     assert "8x NVIDIA H100 80GB HBM3 in any data centre" in info.value.message
     assert "in US-TX-3" in info.value.message

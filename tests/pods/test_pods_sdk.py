@@ -94,14 +94,14 @@ def test_sdk_transient_failures_past_the_budget_end_in_75(standin):  # noqa: F81
 def test_sdk_capacity_errors_fall_back_to_the_next_candidate(standin):  # noqa: F811
     h100 = PodRequest(name="c", image="img:1", gpu=GpuInfo("NVIDIA H100 80GB HBM3", 1))
     a40 = PodRequest(name="c", image="img:1", gpu=GpuInfo("NVIDIA A40", 1))
-    pod = create_first_fit(gql(), [h100, a40], say=lambda _m: None)
+    pod = create_first_fit(gql(), [h100, a40])
     assert pod.gpu == GpuInfo("NVIDIA A40", 1)
 
 
 def test_sdk_lost_create_is_not_duplicated(standin):  # noqa: F811
     standin.fault("POST", r"^/graphql$", "lost", body_contains="podFindAndDeployOnDemand")
     a40 = PodRequest(name="once", image="img:1", gpu=GpuInfo("NVIDIA A40", 1))
-    pod = create_first_fit(gql(), [a40], say=lambda _m: None)
+    pod = create_first_fit(gql(), [a40])
     assert [p.id for p in standin.world.pods.values()] == [pod.id]
 
 

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from podguard.pods.clusters.cluster import Cluster
     from podguard.pods.pod import Pod
     from podguard.pods.spec import PodSpec
-    from podguard.pods.status_lines import Progress
     from podguard.pods.tuning import Tuning
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "client_and_pod",
     "emit",
     "is_cluster",
-    "new_progress",
     "pod_app",
     "pod_tuning",
     "show",
@@ -131,12 +129,6 @@ def is_cluster(target: object) -> TypeGuard[Cluster]:
     from podguard.pods.clusters.cluster import Cluster  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     return isinstance(target, Cluster)
-
-
-def new_progress(quiet: bool = False) -> Progress:
-    from podguard.pods.status_lines import Progress  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
-
-    return Progress(sys.stderr, quiet=quiet)
 
 
 def emit(data: Any) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from podguard import console
 from podguard.cli.pod_common import (
     Adopt,
     Api,
@@ -17,7 +18,6 @@ from podguard.cli.pod_common import (
     api_client,
     client_and_pod,
     is_cluster,
-    new_progress,
     pod_app,
     pod_tuning,
     show,
@@ -27,7 +27,6 @@ from podguard.errors import ExitCode, PodguardError
 if TYPE_CHECKING:
     from podguard.pods.api import PodApi
     from podguard.pods.clusters.cluster import Cluster
-    from podguard.pods.status_lines import Progress
 
 
 @pod_app.command("heal")
@@ -48,41 +47,38 @@ def heal(
     from podguard.pods.heal import heal_record  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod, member_as_cluster=True)
-    progress = new_progress()
     if is_cluster(target):
-        _heal_cluster(client, target, replace, timeout, as_json, progress)
+        _heal_cluster(client, target, replace, timeout, as_json)
         return
-    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=pod_tuning(), progress=progress)
-    progress.close()
+    result = run_heal(client, target, replace=replace, timeout_s=timeout, tuning=pod_tuning())
+    console.settle()
     record = heal_record(target, result)
-    _note_heal_record(target.id, record, progress)
+    _note_heal_record(target.id, record)
     show(result.pod, as_json, {"heal": record})
     if result.code != ExitCode.OK:
         lines = [result.message, *[f"  | {line}" for line in result.lines]]
         raise PodguardError("\n".join(lines), result.code)
 
 
-def _heal_cluster(
-    client: PodApi, cluster: Cluster, replace: bool, timeout: float, as_json: bool, progress: Progress
-) -> None:
+def _heal_cluster(client: PodApi, cluster: Cluster, replace: bool, timeout: float, as_json: bool) -> None:
     from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     try:
         record = commands.heal(
-            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=pod_tuning(), progress=progress
+            client, cluster, replace=replace, timeout_s=timeout, as_json=as_json, tuning=pod_tuning()
         )
     except commands.HealFailed as failed:
-        _note_heal_record(cluster.id, failed.record, progress)
+        _note_heal_record(cluster.id, failed.record)
         raise
-    _note_heal_record(cluster.id, record, progress)
+    _note_heal_record(cluster.id, record)
 
 
-def _note_heal_record(target_id: str, record: dict[str, Any], progress: Progress) -> None:
+def _note_heal_record(target_id: str, record: dict[str, Any]) -> None:
     from podguard.pods.heal import save_heal_record  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     where = save_heal_record(target_id, record)
     if where:
-        progress.say(f"heal record: {where}")
+        console.say(f"heal record: {where}")
 
 
 @pod_app.command("keep")

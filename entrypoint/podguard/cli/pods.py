@@ -28,7 +28,6 @@ from podguard.cli.pod_common import (
     client_and_pod,
     emit,
     is_cluster,
-    new_progress,
     pod_app,
     pod_tuning,
     show,
@@ -109,10 +108,9 @@ def up(
     adopted = _adopt_ids(adopt)
     tuning = pod_tuning()
     client = api_client(api, retry_for, spec=spec)
-    progress = new_progress()
     timeout_s = spec.ready_timeout_s if timeout is None else timeout
     if spec.interruptible:
-        progress.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
+        console.say("spot pods exist only through GraphQL (REST v2 has none): creating it through the runpod SDK")
     if spec.cluster is not None:
         from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
@@ -123,7 +121,6 @@ def up(
             wait=not no_wait,
             as_json=as_json,
             tuning=tuning,
-            progress=progress,
             adopt=adopted,
         )
         return
@@ -133,10 +130,9 @@ def up(
         timeout_s=timeout_s,
         wait=not no_wait,
         tuning=tuning,
-        progress=progress,
         adopt=adopted,
     )
-    progress.close()
+    console.settle()
     outcome = result.outcome
     extra: dict[str, Any] = {"action": result.action, "ready": None if outcome is None else outcome.code == 0}
     if outcome is not None and outcome.verdict is not None:
@@ -234,14 +230,13 @@ def wait(
     from podguard.pods.readiness import wait_ready  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
     client, target = client_and_pod(api, retry_for, pod)
-    progress = new_progress()
     if is_cluster(target):
         from podguard.pods.clusters import commands  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
-        commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=pod_tuning(), progress=progress)
+        commands.wait(client, target, timeout_s=timeout, as_json=as_json, tuning=pod_tuning())
         return
-    outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=pod_tuning(), progress=progress)
-    progress.close()
+    outcome = wait_ready(client, target.id, timeout_s=timeout, tuning=pod_tuning())
+    console.settle()
     show(
         outcome.pod, as_json, {"ready": outcome.code == 0, "verdict": outcome.verdict.word if outcome.verdict else None}
     )
@@ -260,7 +255,7 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
     if wanted in (PodAction.TERMINATE, PodAction.STOP):  # the user's word: written, keepers ended, swept
         from podguard.pods.keeper.down import down_or_stop  # noqa: PLC0415  lazy: the CLI loads a command's modules when the command runs
 
-        down_or_stop(client, ref, wanted, as_json=as_json, say=console.say, emit=emit)
+        down_or_stop(client, ref, wanted, as_json=as_json, emit=emit)
         return
     target = find_target(client, ref)
     if is_cluster(target):
@@ -272,7 +267,7 @@ def _lifecycle(ref: str, action: str, as_json: bool, api: str | None, retry_for:
         result = act_on(client, target, wanted)
     console.say(result.message)
     if wanted is PodAction.START and not isinstance(target, Member):
-        say_unkept(client, target.name, console.say)
+        say_unkept(client, target.name)
     if as_json:
         show(result.pod, True, {"changed": result.changed, "terminated": result.pod is None})
     elif result.pod is not None:

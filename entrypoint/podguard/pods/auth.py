@@ -4,8 +4,8 @@
     url = api_base_url()          # RUNPOD_API_BASE_URL, default https://api.runpod.io
 
 The key object never shows its value (`str()`/`repr()` print `***`); the transports put it only in the
-`Authorization` header. A missing or unreadable key is an `ApiError(AUTH)`: exit 77 with one line that
-names where the key is read from.
+`Authorization` header, and once loaded it is masked in every console line (`console.mask`). A missing or
+unreadable key is an `ApiError(AUTH)`: exit 77 with one line that names where the key is read from.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods.errors import ApiError, ApiErrorKind
 
@@ -80,6 +81,7 @@ def _checked(value: str, source: str) -> ApiKey:
         raise ApiError(
             ApiErrorKind.AUTH, f"the API key from {source} contains spaces or control characters; {key_hint()}"
         )
+    console.mask(value)  # no console line shows it from now on (a server's error text may echo it)
     return ApiKey(value, source)
 
 

@@ -1,6 +1,6 @@
 """The escalation ladder for a sick pod: restart, then stop+start, then (opt-in) replace it elsewhere.
 
-    result = heal(api, pod, replace=True, timeout_s=900, tuning=Tuning(), progress=Progress())
+    result = heal(api, pod, replace=True, timeout_s=900, tuning=Tuning())   # each step a console line
     result.code    # 0 a step made the preflight pass; 76 the last step did not; 69 host full, no --replace
 
 Each step runs only when the previous one did not make the preflight pass, is announced, and is recorded
@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
@@ -27,7 +28,6 @@ from podguard.pods.mark import kept_or_marked, owned
 from podguard.pods.placement import Created, create_first_fit
 from podguard.pods.pod import Pod, PodAction, PodRequest, PodStatus, Volume
 from podguard.pods.readiness import ReadyOutcome, wait_ready, wait_status
-from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 from podguard.state import state_dir, subdir, write_private
 
@@ -88,13 +88,13 @@ def replacement_request(pod: Pod, *, extra_env: Mapping[str, str] | None = None,
 class Steps:
     """The steps of one heal, a pod's or a cluster's (clusters/heal.py), in order: each said as it is recorded."""
 
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
+    def __init__(self) -> None:
+        self.started = time.monotonic()  # what the status lines count from
         self.steps: list[StepRecord] = []
 
     def record(self, step: HealStep, result: str, detail: str, target: Created) -> None:
         self.steps.append(StepRecord(step, result, detail, target.id))
-        self.progress.say(f"heal {step}: {result}" + (f" ({detail})" if detail else ""))
+        console.say(f"heal {step}: {result}" + (f" ({detail})" if detail else ""))
 
     def record_judged(self, step: HealStep, passed: bool, said: bool, detail: str, target: Created) -> None:
         """A step whose outcome was judged: pass, fail (a verdict said so), or timeout (none did)."""
@@ -102,8 +102,8 @@ class Steps:
 
 
 class _Ladder(Steps):
-    def __init__(self, api: PodApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
-        super().__init__(progress)
+    def __init__(self, api: PodApi, timeout_s: float, tuning: Tuning) -> None:
+        super().__init__()
         self.api, self.timeout_s, self.tuning = api, timeout_s, tuning
 
     def ready(self, pod: Pod, not_started_at: str | None) -> ReadyOutcome:
@@ -112,7 +112,7 @@ class _Ladder(Steps):
             pod.id,
             timeout_s=self.timeout_s,
             tuning=self.tuning,
-            progress=self.progress,
+            started=self.started,
             not_started_at=not_started_at,
         )
 
@@ -123,7 +123,7 @@ class _Ladder(Steps):
         return passed
 
     def restart(self, pod: Pod) -> ReadyOutcome | None:
-        self.progress.say(f"heal step 1: restart pod {pod.name} ({pod.id})")
+        console.say(f"heal step 1: restart pod {pod.name} ({pod.id})")
         if pod.status is not PodStatus.RUNNING:
             self.record(HealStep.RESTART, "skipped", f"pod is {pod.status}", pod)
             return None
@@ -136,7 +136,7 @@ class _Ladder(Steps):
             lambda p: p.started_at != pod.started_at or p.status is not PodStatus.RUNNING,
             deadline=confirm,
             tuning=self.tuning,
-            progress=self.progress,
+            started=self.started,
         )
         if moved is None:
             self.record(HealStep.RESTART, "no-effect", "the restart was accepted but the pod did not restart", pod)
@@ -146,7 +146,7 @@ class _Ladder(Steps):
         return outcome
 
     def stop_start(self, pod: Pod) -> ReadyOutcome | ApiError | None:
-        self.progress.say(f"heal step 2: stop, then start pod {pod.name} ({pod.id}) for a fresh driver state")
+        console.say(f"heal step 2: stop, then start pod {pod.name} ({pod.id}) for a fresh driver state")
         fresh = self.api.get_pod(pod.id)
         if fresh.status is not PodStatus.EXITED:
             act_on(self.api, fresh, PodAction.STOP)
@@ -157,7 +157,7 @@ class _Ladder(Steps):
                 lambda p: p.status is PodStatus.EXITED,
                 deadline=deadline,
                 tuning=self.tuning,
-                progress=self.progress,
+                started=self.started,
             )
             if stopped is None:
                 self.record(HealStep.STOP_START, "timeout", f"not stopped within {self.timeout_s:g}s", fresh)
@@ -175,12 +175,10 @@ class _Ladder(Steps):
         return outcome
 
     def replace(self, sick: Pod) -> ReadyOutcome | ApiError:
-        self.progress.say(f"heal step 3: replace pod {sick.name} ({sick.id}) with an identical pod elsewhere")
+        console.say(f"heal step 3: replace pod {sick.name} ({sick.id}) with an identical pod elsewhere")
         request = replacement_request(sick)
         try:
-            new = create_first_fit(
-                self.api, [request], say=self.progress.say, exclude={sick.id}, mine=lambda p: owned(p, sick.name)
-            )
+            new = create_first_fit(self.api, [request], exclude={sick.id}, mine=lambda p: owned(p, sick.name))
         except ApiError as exc:
             if exc.kind not in (ApiErrorKind.NO_CAPACITY, ApiErrorKind.REJECTED):
                 raise
@@ -188,17 +186,17 @@ class _Ladder(Steps):
             return exc
         outcome = self.ready(new, None)
         if self.judged(HealStep.REPLACE, outcome):
-            self.progress.say(f"replacement {new.id} passed: terminating the sick pod {sick.id}")
+            console.say(f"replacement {new.id} passed: terminating the sick pod {sick.id}")
             act_on(self.api, sick, PodAction.TERMINATE)
         else:
-            self.progress.say(f"replacement {new.id} did not pass: terminating it, keeping {sick.id} for inspection")
+            console.say(f"replacement {new.id} did not pass: terminating it, keeping {sick.id} for inspection")
             act_on(self.api, outcome.pod, PodAction.TERMINATE)
         return outcome
 
 
-def heal(api: PodApi, pod: Pod, *, replace: bool, timeout_s: float, tuning: Tuning, progress: Progress) -> HealResult:
+def heal(api: PodApi, pod: Pod, *, replace: bool, timeout_s: float, tuning: Tuning) -> HealResult:
     """Run the ladder on `pod` until a step makes its preflight pass (see the module docstring)."""
-    ladder = _Ladder(api, timeout_s, tuning, progress)
+    ladder = _Ladder(api, timeout_s, tuning)
     last: ReadyOutcome | None = ladder.restart(pod)
     if last is not None and last.code == ExitCode.OK:
         return _result(ladder, last, pod)

@@ -1,7 +1,7 @@
 """Finding pods by name or id, and creating one without ever creating it twice.
 
     pod = find_pod(api, "llm-train")                       # by id, else by name; exit 66 when none
-    pod = create_first_fit(api, spec.candidates(), say=progress.say)
+    pod = create_first_fit(api, spec.candidates())     # each step a console line
 
 Creation walks the candidates in the spec's order (GPU types within each data centre): "no capacity",
 a rule violation (400) or no access to that pool (403) moves to the next one; 402/422/auth stop at once.
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError, ApiErrorKind
@@ -55,7 +56,6 @@ def create_first_fit(
     api: PodApi,
     candidates: Sequence[PodRequest],
     *,
-    say: Callable[[str], None],
     exclude: Collection[str] = (),
     mine: Callable[[Pod], bool] = lambda pod: True,
 ) -> Pod:
@@ -66,7 +66,6 @@ def create_first_fit(
         api.create_pod,
         lambda name: [p for p in pods_named(api, name, exclude=exclude) if mine(p)],
         api.policy,
-        say=say,
         kind="pod",
         none_fits="any candidate in the spec",
     )
@@ -94,7 +93,6 @@ def first_fit(
     named: Callable[[str], list[T]],
     policy: RetryPolicy,
     *,
-    say: Callable[[str], None],
     kind: str,
     none_fits: str,
 ) -> T:
@@ -103,15 +101,15 @@ def first_fit(
     tried: list[str] = []
     kinds: set[ApiErrorKind] = set()
     for request in candidates:
-        say(f"creating {kind} {request.name}: {request.describe()}")
+        console.say(f"creating {kind} {request.name}: {request.describe()}")
         try:
-            return _create_once(request, create, named, policy, say=say, kind=kind)
+            return _create_once(request, create, named, policy, kind=kind)
         except ApiError as exc:
             if exc.kind not in _NEXT_CANDIDATE:
                 raise
             kinds.add(exc.kind)
             tried.append(f"{request.describe()} ({exc.detail or exc.message})")
-            say(f"  not placed: {exc.detail or exc.message}")
+            console.say(f"  not placed: {exc.detail or exc.message}")
     listing = "; ".join(tried)
     if kinds == {ApiErrorKind.FORBIDDEN}:
         raise ApiError(ApiErrorKind.FORBIDDEN, f"the API key may not create any candidate in the spec: {listing}")
@@ -124,7 +122,6 @@ def _create_once(
     named: Callable[[str], list[T]],
     policy: RetryPolicy,
     *,
-    say: Callable[[str], None],
     kind: str,
 ) -> T:
     """One candidate, transient failures retried; a possibly-lost create is looked up by name first."""
@@ -134,7 +131,7 @@ def _create_once(
             return None  # a 429 was refused before anything happened
         found = with_retry(lambda: named(request.name), policy, what=f"look up {kind} {request.name}")
         if found:
-            say(f"the create answer was lost, but {kind} {request.name} exists ({found[0].id}): using it")
+            console.say(f"the create answer was lost, but {kind} {request.name} exists ({found[0].id}): using it")
             return found[0]
         return None
 
@@ -143,5 +140,5 @@ def _create_once(
         policy,
         what=f"create {kind} {request.name}",
         before_retry=lookup,
-        on_wait=say,
+        announce=True,
     )

@@ -1,6 +1,6 @@
 """Is the pod ready? RUNNING, and its preflight summary line since its latest start says PASS.
 
-    outcome = wait_ready(api, pod.id, timeout_s=1800, tuning=Tuning(), progress=Progress())
+    outcome = wait_ready(api, pod.id, timeout_s=1800, tuning=Tuning())   # status lines through the console
     outcome.code   # 0 PASS; 76 BUSY/UNHEALTHY/FAIL (outcome.lines are the pod's own); 75 timed out
 
 The verdict comes from following the pod's log stream (SSE), not from polling: the PASS line reaches
@@ -16,15 +16,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.pods.api import PodApi
 from podguard.pods.errors import ApiError
 from podguard.pods.follow import LogFollower
 from podguard.pods.pod import LogEvent, Pod, PodStatus
-from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
-__all__ = ["VERDICT_LINE", "ReadyOutcome", "Verdict", "backfill", "parse_verdict", "wait_ready", "wait_status"]
+__all__ = [
+    "VERDICT_LINE",
+    "ReadyOutcome",
+    "Verdict",
+    "backfill",
+    "parse_verdict",
+    "show_status",
+    "wait_ready",
+    "wait_status",
+]
 
 # The first line of every preflight summary (report.format_summary): `podguard <command>: <VERDICT> ...`.
 VERDICT_LINE = re.compile(r"\bpodguard ([a-z][a-z0-9-]*): (PASS|BUSY|UNHEALTHY|FAIL|MISSING|BAD-INPUT)\b")
@@ -69,19 +78,27 @@ def wait_status(
     *,
     deadline: float,
     tuning: Tuning,
-    progress: Progress,
+    started: float | None = None,
     fail: Callable[[Pod], bool] = lambda p: False,
 ) -> Pod | None:
-    """Poll until `ok(pod)`; the pod when it is, None at the deadline or when `fail(pod)`."""
+    """Poll until `ok(pod)`; the pod when it is, None at the deadline or when `fail(pod)`. Each status is a console
+    status line (with the seconds since `started`, a monotonic time; default now) until the status changes."""
+    since = time.monotonic() if started is None else started
     while True:
         pod = api.get_pod(pod_id)
-        progress.status(pod)
+        show_status(pod, since)
         if ok(pod):
             return pod
         if fail(pod) or time.monotonic() >= deadline:
-            progress.close()
+            console.settle()
             return None
         time.sleep(max(min(tuning.poll_s, deadline - time.monotonic()), 0.0))
+
+
+def show_status(pod: Pod, started: float) -> None:
+    """`pod NAME (ID): STATUS, 12s` as a status line: once per status in a log, rewritten in place on a terminal."""
+    text = f"pod {pod.name} ({pod.id}): {pod.status}, {time.monotonic() - started:.0f}s"
+    console.status((pod.id, str(pod.status)), text, live=text)
 
 
 def wait_ready(
@@ -90,17 +107,18 @@ def wait_ready(
     *,
     timeout_s: float,
     tuning: Tuning,
-    progress: Progress,
+    started: float | None = None,
     not_started_at: str | None = None,
 ) -> ReadyOutcome:
-    """Wait for RUNNING (with a start newer than `not_started_at` when given), then for the verdict line."""
+    """Wait for RUNNING (with a start newer than `not_started_at` when given), then for the verdict line. `started`:
+    the monotonic time the status lines count from (the command's start; default now)."""
     deadline = time.monotonic() + timeout_s
 
-    def started(p: Pod) -> bool:
+    def running(p: Pod) -> bool:
         return p.status is PodStatus.RUNNING and (not_started_at is None or p.started_at != not_started_at)
 
     pod = wait_status(
-        api, pod_id, started, deadline=deadline, tuning=tuning, progress=progress, fail=lambda p: p.status in _STOPPED
+        api, pod_id, running, deadline=deadline, tuning=tuning, started=started, fail=lambda p: p.status in _STOPPED
     )
     if pod is None:
         last = api.get_pod(pod_id)
@@ -109,14 +127,11 @@ def wait_ready(
         return ReadyOutcome(
             ExitCode.GPUS_BUSY, last, None, f"pod {last.name} did not start within {timeout_s:g}s ({last.status})"
         )
-    progress.close()
-    progress.say(f"pod {pod.name} ({pod.id}) is RUNNING; following its log for the preflight verdict")
-    return _follow_verdict(api, pod, deadline=deadline, timeout_s=timeout_s, tuning=tuning, progress=progress)
+    console.say(f"pod {pod.name} ({pod.id}) is RUNNING; following its log for the preflight verdict")
+    return _follow_verdict(api, pod, deadline=deadline, timeout_s=timeout_s, tuning=tuning)
 
 
-def _follow_verdict(
-    api: PodApi, pod: Pod, *, deadline: float, timeout_s: float, tuning: Tuning, progress: Progress
-) -> ReadyOutcome:
+def _follow_verdict(api: PodApi, pod: Pod, *, deadline: float, timeout_s: float, tuning: Tuning) -> ReadyOutcome:
     follower = _follower(api, pod, tuning)
     verdict: Verdict | None = None
     settle_at: float | None = None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from podguard import console
 from podguard.pods.errors import ApiError, ApiErrorKind
 
 __all__ = ["RetryPolicy", "with_retry"]
@@ -46,9 +47,10 @@ def with_retry(
     *,
     what: str,
     before_retry: Callable[[ApiError], T | None] | None = None,
-    on_wait: Callable[[str], None] | None = None,
+    announce: bool = False,
 ) -> T:
-    """Run `call` until it succeeds, fails for good, or the budget is spent (then ApiError TRANSIENT, exit 75)."""
+    """Run `call` until it succeeds, fails for good, or the budget is spent (then ApiError TRANSIENT, exit 75).
+    `announce`: each wait is a console line (a create the user is watching)."""
     started = policy.clock()
     attempt = 0
     while True:
@@ -62,8 +64,8 @@ def with_retry(
         left = policy.budget_s - (policy.clock() - started)
         if wait > left:
             raise _exhausted(what, error, policy, wait, left)
-        if on_wait is not None:
-            on_wait(f"{what}: {error.message}; retrying in {wait:.1f}s")
+        if announce:
+            console.say(f"{what}: {error.message}; retrying in {wait:.1f}s")
         policy.sleep(wait)
         attempt += 1
         if before_retry is not None:

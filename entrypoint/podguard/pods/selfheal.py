@@ -33,7 +33,6 @@ from podguard.pods.mark import owned
 from podguard.pods.placement import create_first_fit
 from podguard.pods.pod import PodAction, PodStatus
 from podguard.pods.readiness import wait_status
-from podguard.pods.status_lines import Progress
 from podguard.pods.thispod.billing import end_billing, request_end
 from podguard.pods.thispod.key import require_pod_and_key
 from podguard.pods.tuning import Tuning
@@ -255,13 +254,13 @@ def replace_pod(healer: Healer, code: int) -> int:
     state.steps.append("replace")
     state.failures = 0
     healer.note("replace", "requested")
-    progress = Progress()
+    started = time.monotonic()  # what the replacement's status lines count from
     new = None
     try:
         api = _api()
         me = api.get_pod(cfg.pod_id)
         request = replacement_request(me, extra_env={ENV_REPLACED_FROM: cfg.pod_id}, made_by="self-heal")
-        new = create_first_fit(api, [request], say=progress.say, exclude={cfg.pod_id}, mine=lambda p: owned(p, me.name))
+        new = create_first_fit(api, [request], exclude={cfg.pod_id}, mine=lambda p: owned(p, me.name))
         healer.note("replacement-created", new.id)
         tuning = Tuning.from_env()
         running = wait_status(
@@ -270,7 +269,7 @@ def replace_pod(healer: Healer, code: int) -> int:
             lambda p: p.status is PodStatus.RUNNING,
             deadline=time.monotonic() + REPLACE_TIMEOUT_S,
             tuning=tuning,
-            progress=progress,
+            started=started,
             fail=lambda p: p.status in (PodStatus.EXITED, PodStatus.ERROR),
         )
         if running is None:

@@ -167,11 +167,10 @@ class PodTarget:
         self,
         candidates: Sequence[PodRequest],
         *,
-        say: Callable[[str], None],
         exclude: Collection[str] = (),
         mine: Callable[[Pod], bool] = lambda pod: True,
     ) -> Pod:
-        return create_first_fit(self.api, candidates, say=say, exclude=exclude, mine=mine)
+        return create_first_fit(self.api, candidates, exclude=exclude, mine=mine)
 
     def terminate(self, item_id: str) -> None:
         try:

@@ -1,6 +1,6 @@
 """`pod up`: make the spec's pod exist and run, idempotently by name, then wait until its preflight passed.
 
-    result = pod_up(api, spec, timeout_s=1800, wait=True, tuning=Tuning(), progress=Progress())
+    result = pod_up(api, spec, timeout_s=1800, wait=True, tuning=Tuning())   # its lines: the console
 
 An existing pod of that name is reused when it runs and started when it is stopped; otherwise the
 candidates are created in order (placement.py), carrying podguard's mark (mark.py). A pod of the name without the
@@ -10,8 +10,10 @@ readiness.py's job.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
@@ -21,7 +23,6 @@ from podguard.pods.pod import Pod, PodAction, PodStatus
 from podguard.pods.readiness import ReadyOutcome, wait_ready
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
-from podguard.pods.status_lines import Progress
 from podguard.pods.target import PodTarget, check_adopted, one_of_name
 from podguard.pods.tuning import Tuning
 
@@ -42,9 +43,9 @@ def pod_up(
     timeout_s: float,
     wait: bool,
     tuning: Tuning,
-    progress: Progress,
     adopt: tuple[str, ...] = (),
 ) -> UpResult:
+    started = time.monotonic()
     refuse_other_kind(api, spec)
     target = PodTarget(api)
     named = with_retry(lambda: target.named(spec.name), api.policy, what=f"look up pod {spec.name}")
@@ -62,25 +63,23 @@ def pod_up(
     if named:
         pod = named[0]
         if pod.image != spec.image and pod.image:
-            progress.say(
-                f"note: pod {pod.name} runs {pod.image}, the spec says {spec.image}; `pod down` it to recreate"
-            )
+            console.say(f"note: pod {pod.name} runs {pod.image}, the spec says {spec.image}; `pod down` it to recreate")
         if pod.status in (PodStatus.EXITED, PodStatus.ERROR):
-            progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: starting it")
+            console.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: starting it")
             not_started_at = pod.started_at
             pod = act_on(api, pod, PodAction.START).pod or pod  # 69 with a hint when its host is full
             action = "started"
         else:
-            progress.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: reusing it")
+            console.say(f"pod {pod.name} ({pod.id}) exists and is {pod.status}: reusing it")
             action = "reused"
     else:
         candidates = target.candidates(spec, keep="up")
-        pod = target.first_fit(candidates, say=progress.say, mine=lambda p: target.owner(p, spec.name))
-        progress.say(f"created pod {pod.name} ({pod.id})")
+        pod = target.first_fit(candidates, mine=lambda p: target.owner(p, spec.name))
+        console.say(f"created pod {pod.name} ({pod.id})")
         action = "created"
     if not wait:
         return UpResult(pod, action, None)
     outcome = wait_ready(
-        api, pod.id, timeout_s=timeout_s, tuning=tuning, progress=progress, not_started_at=not_started_at
+        api, pod.id, timeout_s=timeout_s, tuning=tuning, started=started, not_started_at=not_started_at
     )
     return UpResult(outcome.pod, action, outcome)

@@ -1,6 +1,6 @@
 """The bodies of `podguard pod …` when the spec or POD is a cluster; cli/pods.py dispatches here.
 
-    up(client, spec, timeout_s=..., wait=True, as_json=True, tuning=..., progress=...)
+    up(client, spec, timeout_s=..., wait=True, as_json=True, tuning=...)   # lines on the console, the result on stdout
     show(client, cluster, as_json=True)
 
 Output follows docs/formats.md: `--json` is the pod keys (gpu per node, cost_per_hr the sum, ssh the primary's)
@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.pods.actions import act_on
 from podguard.pods.api import PodApi
@@ -28,7 +29,6 @@ from podguard.pods.clusters.up import cluster_up
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.pod import PodAction, public_view
 from podguard.pods.spec import PodSpec
-from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["act_on_member", "down", "heal", "list_all", "logs", "refuse_action", "show", "up", "wait"]
@@ -84,12 +84,11 @@ def up(
     wait: bool,
     as_json: bool,
     tuning: Tuning,
-    progress: Progress,
     adopt: tuple[str, ...] = (),
 ) -> None:
     api = cluster_api(client)
-    result = cluster_up(api, spec, timeout_s=timeout_s, wait=wait, tuning=tuning, progress=progress, adopt=adopt)
-    progress.close()
+    result = cluster_up(api, spec, timeout_s=timeout_s, wait=wait, tuning=tuning, adopt=adopt)
+    console.settle()
     outcome = result.outcome
     members = outcome.members if outcome is not None else api.members(result.cluster.id)
     _print(result.cluster, members, as_json, {"action": result.action, **_ready_extra(outcome)})
@@ -97,11 +96,9 @@ def up(
         raise _failure(outcome)
 
 
-def wait(
-    client: PodApi, cluster: Cluster, *, timeout_s: float, as_json: bool, tuning: Tuning, progress: Progress
-) -> None:
-    outcome = wait_cluster_ready(cluster_api(client), cluster.id, timeout_s=timeout_s, tuning=tuning, progress=progress)
-    progress.close()
+def wait(client: PodApi, cluster: Cluster, *, timeout_s: float, as_json: bool, tuning: Tuning) -> None:
+    outcome = wait_cluster_ready(cluster_api(client), cluster.id, timeout_s=timeout_s, tuning=tuning)
+    console.settle()
     _print(outcome.cluster, outcome.members, as_json, _ready_extra(outcome))
     if outcome.code != ExitCode.OK:
         raise _failure(outcome)
@@ -158,7 +155,7 @@ def down(client: PodApi, cluster: Cluster, *, as_json: bool) -> None:
         if exc.kind is not ApiErrorKind.NOT_FOUND:
             raise
         message, changed = f"cluster {cluster.name} ({cluster.id}) is already gone", False
-    print(f"podguard: {message}", file=sys.stderr)
+    console.say(message)
     if as_json:
         _emit({"id": cluster.id, "name": cluster.name, "nodes": cluster.nodes, "changed": changed, "terminated": True})
 
@@ -171,13 +168,10 @@ def heal(
     timeout_s: float,
     as_json: bool,
     tuning: Tuning,
-    progress: Progress,
 ) -> dict[str, Any]:
     """Run the cluster heal; print the result; return the heal record (the CLI saves it). Raises on failure."""
-    result = cluster_heal(
-        cluster_api(client), cluster, replace=replace, timeout_s=timeout_s, tuning=tuning, progress=progress
-    )
-    progress.close()
+    result = cluster_heal(cluster_api(client), cluster, replace=replace, timeout_s=timeout_s, tuning=tuning)
+    console.settle()
     record = cluster_heal_record(cluster, result)
     _print(result.cluster, result.members, as_json, {"heal": record})
     if result.code != ExitCode.OK:

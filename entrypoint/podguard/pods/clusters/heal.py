@@ -1,6 +1,6 @@
 """`pod heal` of a cluster: restart the sick nodes where the API allows it, else recreate the whole cluster.
 
-    result = cluster_heal(clusters, cluster, replace=True, timeout_s=900, tuning=Tuning(), progress=Progress())
+    result = cluster_heal(clusters, cluster, replace=True, timeout_s=900, tuning=Tuning())   # each step a console line
     result.code   # 0 healthy (or a step made it so); 76 still failing; 69 no capacity; 64 needs --replace
 
 1. Judge: every node's verdict since its start (no fail-fast: all sick nodes are named).
@@ -20,6 +20,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError
 from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
 from podguard.pods.clusters.placement import create_cluster_first_fit
@@ -29,7 +30,6 @@ from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.heal import HealStep, StepRecord, Steps
 from podguard.pods.mark import kept_or_marked
 from podguard.pods.pod import PodAction, PodStatus
-from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterHealResult", "cluster_heal", "cluster_heal_record", "replacement_cluster"]
@@ -68,21 +68,19 @@ def replacement_cluster(cluster: Cluster, members: list[Member]) -> ClusterReque
 
 
 class _Healer(Steps):
-    def __init__(self, api: ClusterApi, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
-        super().__init__(progress)
+    def __init__(self, api: ClusterApi, timeout_s: float, tuning: Tuning) -> None:
+        super().__init__()
         self.api, self.timeout_s, self.tuning = api, timeout_s, tuning
         self.refusal: ApiError | None = None  # how RunPod refused an action on a member
 
     def judge(self, cluster_id: str) -> ClusterOutcome:
-        return wait_cluster_ready(
-            self.api, cluster_id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress, fail_fast=False
-        )
+        return wait_cluster_ready(self.api, cluster_id, timeout_s=self.timeout_s, tuning=self.tuning, fail_fast=False)
 
     def restart(self, outcome: ClusterOutcome, sick: list[int]) -> ClusterOutcome | None:
         """Restart the sick members; None when the API refuses actions on members (`member_refused`)."""
         cluster = outcome.cluster
         targets = [m for m in outcome.members if m.rank in sick]
-        self.progress.say(f"heal step 1: restart {', '.join(m.label for m in targets)} of cluster {cluster.name}")
+        console.say(f"heal step 1: restart {', '.join(m.label for m in targets)} of cluster {cluster.name}")
         before = {m.pod.id: m.pod.started_at for m in targets}
         for member in targets:
             action = PodAction.RESTART if member.pod.status is PodStatus.RUNNING else PodAction.START
@@ -119,9 +117,7 @@ class _Healer(Steps):
         """Delete the cluster, create it again and judge the new one; (exit code, message) when that fails."""
         old = outcome.cluster
         request = replacement_cluster(old, outcome.members)
-        self.progress.say(
-            f"heal step 2: recreate cluster {old.name} ({old.id}): delete it, then create {request.describe()}"
-        )
+        console.say(f"heal step 2: recreate cluster {old.name} ({old.id}): delete it, then create {request.describe()}")
         try:
             self.api.delete_cluster(old.id)
         except ApiError as exc:
@@ -132,10 +128,8 @@ class _Healer(Steps):
         redo = "`podguard pod up --spec FILE` (the cluster's spec) recreates it"
         new: Cluster | None = None
         try:
-            new = create_cluster_first_fit(self.api, [request], say=self.progress.say, exclude={old.id})
-            judged = wait_cluster_ready(
-                self.api, new.id, timeout_s=self.timeout_s, tuning=self.tuning, progress=self.progress
-            )
+            new = create_cluster_first_fit(self.api, [request], exclude={old.id})
+            judged = wait_cluster_ready(self.api, new.id, timeout_s=self.timeout_s, tuning=self.tuning)
         except (PodguardError, KeyboardInterrupt) as exc:
             code = exc.code if isinstance(exc, PodguardError) else 128 + signal.SIGINT
             message = exc.message if isinstance(exc, PodguardError) else "interrupted"
@@ -166,15 +160,15 @@ def _sick(outcome: ClusterOutcome) -> list[int]:
 
 
 def cluster_heal(
-    api: ClusterApi, cluster: Cluster, *, replace: bool, timeout_s: float, tuning: Tuning, progress: Progress
+    api: ClusterApi, cluster: Cluster, *, replace: bool, timeout_s: float, tuning: Tuning
 ) -> ClusterHealResult:
     """Judge, restart the sick nodes where allowed, then (with --replace) recreate the cluster."""
-    healer = _Healer(api, timeout_s, tuning, progress)
+    healer = _Healer(api, timeout_s, tuning)
     judged = healer.judge(cluster.id)
     if judged.code == ExitCode.OK:
         return ClusterHealResult(ExitCode.OK, judged.cluster, judged.members, healer.steps, judged.message)
     sick = _sick(judged)
-    progress.say(f"cluster {cluster.name}: sick {', '.join(f'node{r}' for r in sick)}: {judged.message}")
+    console.say(f"cluster {cluster.name}: sick {', '.join(f'node{r}' for r in sick)}: {judged.message}")
     restarted = healer.restart(judged, sick)
     if restarted is not None and restarted.code == ExitCode.OK:
         return _result(healer, restarted)

@@ -1,7 +1,7 @@
 """Finding clusters by name or id, and creating one without ever creating two.
 
     cluster = find_cluster(clusters, "llm-train-4x8")          # None when there is none
-    cluster = create_cluster_first_fit(clusters, spec.cluster_candidates(), say=progress.say)
+    cluster = create_cluster_first_fit(clusters, spec.cluster_candidates())   # each step a console line
 
 Creation walks the candidates in the spec's order (GPU types within each data centre) for the whole cluster
 at once: every node must fit, in one data centre, or the next candidate is tried. A create whose answer was
@@ -10,7 +10,7 @@ lost is looked up by name before it is sent again, as for pods (pods/placement.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from podguard.errors import UsageError
 from podguard.pods.clusters.cluster import Cluster, ClusterRequest
@@ -41,7 +41,6 @@ def create_cluster_first_fit(
     api: ClusterApi,
     candidates: Sequence[ClusterRequest],
     *,
-    say: Callable[[str], None],
     exclude: Collection[str] = (),
 ) -> Cluster:
     """Create the first candidate with room for every node. ApiError NO_CAPACITY (69) lists what was tried."""
@@ -50,7 +49,6 @@ def create_cluster_first_fit(
         api.create_cluster,
         lambda name: clusters_named(api, name, exclude=exclude),
         api.policy,
-        say=say,
         kind="cluster",
         none_fits="all nodes of any spec candidate",
     )

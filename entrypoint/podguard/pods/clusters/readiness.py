@@ -1,6 +1,6 @@
 """Is the cluster ready? Every node RUNNING, and every node's preflight summary since its start says PASS.
 
-    outcome = wait_cluster_ready(clusters, cluster.id, timeout_s=1800, tuning=Tuning(), progress=Progress())
+    outcome = wait_cluster_ready(clusters, cluster.id, timeout_s=1800, tuning=Tuning())   # its lines: the console
     outcome.code     # 0 all PASS; 76 a node said BUSY/UNHEALTHY/FAIL (outcome.failed: its rank); 75 timeout
 
 The request budget does not grow with the node count: while nodes provision, one `GET /v2/clusters/{id}`
@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.pods.clusters.cluster import Cluster, Member
 from podguard.pods.clusters.rest import ClusterApi
@@ -23,7 +24,6 @@ from podguard.pods.clusters.streams import NodeStreams, prefixed
 from podguard.pods.errors import ApiError
 from podguard.pods.pod import LogEvent, PodStatus
 from podguard.pods.readiness import Verdict, backfill, parse_verdict
-from podguard.pods.status_lines import Progress
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ClusterOutcome", "wait_cluster_ready"]
@@ -52,14 +52,13 @@ class ClusterOutcome:
 
 
 class _Watch:
-    """The shared state of one wait: deadline, progress lines, the last cluster summary shown."""
+    """The shared state of one wait: deadline, the last cluster summary shown."""
 
-    def __init__(self, api: ClusterApi, cluster_id: str, timeout_s: float, tuning: Tuning, progress: Progress) -> None:
+    def __init__(self, api: ClusterApi, cluster_id: str, timeout_s: float, tuning: Tuning) -> None:
         self.api = api
         self.cluster_id = cluster_id
         self.timeout_s = timeout_s
         self.tuning = tuning
-        self.progress = progress
         self.deadline = time.monotonic() + timeout_s
         self._shown = ""
 
@@ -67,7 +66,7 @@ class _Watch:
         cluster = self.api.get_cluster(self.cluster_id)
         summary = cluster.summary()
         if summary != self._shown:
-            self.progress.say(f"cluster {cluster.name} ({cluster.id}): {summary}")
+            console.say(f"cluster {cluster.name} ({cluster.id}): {summary}")
             self._shown = summary
         return cluster
 
@@ -95,11 +94,10 @@ def wait_cluster_ready(
     *,
     timeout_s: float,
     tuning: Tuning,
-    progress: Progress,
     fail_fast: bool = True,
 ) -> ClusterOutcome:
     """Wait until every node runs, then for every node's verdict line (see the module docstring)."""
-    watch = _Watch(api, cluster_id, timeout_s, tuning, progress)
+    watch = _Watch(api, cluster_id, timeout_s, tuning)
     while True:
         cluster = watch.poll()
         if cluster.status is PodStatus.RUNNING and cluster.total >= cluster.nodes:
@@ -112,7 +110,7 @@ def wait_cluster_ready(
             )
         watch.sleep_until(time.monotonic() + tuning.poll_s)
     members = api.members(cluster_id)
-    progress.say(f"cluster {cluster.name}: all {cluster.nodes} nodes RUNNING; following each node's log")
+    console.say(f"cluster {cluster.name}: all {cluster.nodes} nodes RUNNING; following each node's log")
     with NodeStreams(api.pods, tuning) as streams:
         return _verdicts(watch, cluster, members, streams, fail_fast=fail_fast)
 
@@ -136,7 +134,7 @@ def _verdicts(
             if now >= settle_at:
                 del pending[rank]
                 settled[rank] = verdict
-                watch.progress.say(f"node{rank} ({by_rank[rank].pod.id}): preflight {verdict.word}")
+                console.say(f"node{rank} ({by_rank[rank].pod.id}): preflight {verdict.word}")
                 if fail_fast and not verdict.passed:
                     return _failed(watch, cluster, settled, _ranked(by_rank))
         if len(settled) >= len(by_rank):
@@ -196,7 +194,7 @@ def _recheck(
     for rank, member in members.items():
         old = by_rank.get(rank)
         if old is not None and member.pod.started_at and member.pod.started_at != old.pod.started_at:
-            watch.progress.say(f"node{rank} ({member.pod.id}) restarted: following its new start")
+            console.say(f"node{rank} ({member.pod.id}) restarted: following its new start")
             by_rank[rank] = member
             pending.pop(rank, None)
             settled.pop(rank, None)

@@ -14,7 +14,7 @@ commands treat as that node's pod (status, logs, wait) or, for actions, as a nod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.cluster import Cluster, ClusterRequest, Member
@@ -83,10 +83,8 @@ class ClusterTarget:
     def create(self, request: ClusterRequest) -> Cluster:
         return self.api.create_cluster(request)
 
-    def first_fit(
-        self, candidates: Sequence[ClusterRequest], *, say: Callable[[str], None], exclude: Collection[str] = ()
-    ) -> Cluster:
-        return create_cluster_first_fit(self.api, candidates, say=say, exclude=exclude)
+    def first_fit(self, candidates: Sequence[ClusterRequest], *, exclude: Collection[str] = ()) -> Cluster:
+        return create_cluster_first_fit(self.api, candidates, exclude=exclude)
 
     def terminate(self, item_id: str) -> None:
         try:

@@ -1,6 +1,6 @@
 """`pod up` for a spec with `[cluster]`: create the Instant Cluster (idempotent by name), then wait for every node.
 
-    result = cluster_up(clusters, spec, timeout_s=1800, wait=True, tuning=Tuning(), progress=Progress())
+    result = cluster_up(clusters, spec, timeout_s=1800, wait=True, tuning=Tuning())   # its lines: the console
 
 An existing cluster of that name is reused (REST v2 has no start for a cluster: a cluster exists or it
 does not). Otherwise the spec's GPU types and data centres are tried in order for all nodes at once.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods.clusters.cluster import Cluster
 from podguard.pods.clusters.readiness import ClusterOutcome, wait_cluster_ready
@@ -21,7 +22,6 @@ from podguard.pods.kinds import refuse_other_kind
 from podguard.pods.limits import GUARD_KEYS, LIMIT_KEYS
 from podguard.pods.retry import with_retry
 from podguard.pods.spec import PodSpec
-from podguard.pods.status_lines import Progress
 from podguard.pods.target import check_adopted, one_of_name
 from podguard.pods.tuning import Tuning
 
@@ -57,12 +57,11 @@ def cluster_up(
     timeout_s: float,
     wait: bool,
     tuning: Tuning,
-    progress: Progress,
     adopt: tuple[str, ...] = (),
 ) -> ClusterUpResult:
     assert spec.cluster is not None
     if guards_on(spec.env):
-        progress.say(
+        console.say(
             f"note: [limits] on a cluster: a billing guard that fires on any node deletes cluster {spec.name} "
             f"(all {spec.cluster.nodes} nodes; member pods cannot be stopped and a cluster has no stop; network "
             "volumes stay), and --max-cost counts every node's spend"
@@ -83,17 +82,17 @@ def cluster_up(
     if existing:
         cluster = existing[0]
         if cluster.nodes != spec.cluster.nodes or cluster.gpu.count != (spec.gpu.count if spec.gpu else 0):
-            progress.say(
+            console.say(
                 f"note: cluster {cluster.name} has {cluster.nodes} nodes x {cluster.gpu.count} GPUs, the spec says "
                 f"{spec.cluster.nodes} x {spec.gpu.count if spec.gpu else 0}; `pod down` it to recreate"
             )
-        progress.say(f"cluster {cluster.name} ({cluster.id}) exists ({cluster.summary()}): reusing it")
+        console.say(f"cluster {cluster.name} ({cluster.id}) exists ({cluster.summary()}): reusing it")
         action = "reused"
     else:
-        cluster = target.first_fit(target.candidates(spec, keep="up"), say=progress.say)
-        progress.say(f"created cluster {cluster.name} ({cluster.id}): {cluster.nodes} nodes")
+        cluster = target.first_fit(target.candidates(spec, keep="up"))
+        console.say(f"created cluster {cluster.name} ({cluster.id}): {cluster.nodes} nodes")
         action = "created"
     if not wait:
         return ClusterUpResult(cluster, action, None)
-    outcome = wait_cluster_ready(api, cluster.id, timeout_s=timeout_s, tuning=tuning, progress=progress)
+    outcome = wait_cluster_ready(api, cluster.id, timeout_s=timeout_s, tuning=tuning)
     return ClusterUpResult(outcome.cluster, action, outcome)

@@ -5,7 +5,7 @@
     hands.stop(pod_id)                  # True once it reads back EXITED (or gone)
     hands.terminate(pod_id)             # True once it reads back gone
     hands.delete_cluster(ClusterTarget(clusters), cid)   # True once it reads back 404 (pods/target.deleted)
-    pod = hands.create(PodTarget(api), candidates, owned_named, say)   # fenced and leased; a lost answer looked up
+    pod = hands.create(PodTarget(api), candidates, owned_named)   # fenced and leased; a lost answer looked up
 
 An action counts only once the pod reads back in its new state, read every `tuning.poll_s` for up to `confirm_s`
 and sent once more half-way (a stop answered 200 but not carried out is made again). A 409 is no reason to end: the
@@ -37,7 +37,6 @@ __all__ = ["BOOTING", "Actuator"]
 BOOTING = (PodStatus.PROVISIONING, PodStatus.STARTING, PodStatus.RUNNING)
 T = TypeVar("T")
 R = TypeVar("R")
-Say = Callable[[str], None]
 
 
 class Actuator:
@@ -147,7 +146,7 @@ class Actuator:
             target, cluster_id, within_s=self.confirm_s, poll_s=self.tuning.poll_s, before_send=self.fence.check
         )
 
-    def create(self, target: Target[T, R], candidates: Sequence[R], named: Callable[[str], list[T]], say: Say) -> T:
+    def create(self, target: Target[T, R], candidates: Sequence[R], named: Callable[[str], list[T]]) -> T:
         """The spec's candidates in order (pods/placement.py's walk), a pod's or a cluster's (every node at once);
         each attempt fenced, leased and sent with SIGTERM held; `named` finds the keeper's own of the name (a lost
         answer is looked up, never sent twice)."""
@@ -156,7 +155,7 @@ class Actuator:
             self.fence.check()
             return self._leased(lambda: target.create(request))
 
-        return first_fit(candidates, once, named, target.policy, say=say, kind=target.kind, none_fits=target.none_fits)
+        return first_fit(candidates, once, named, target.policy, kind=target.kind, none_fits=target.none_fits)
 
     def _leased(self, send: Callable[[], T]) -> T:
         """Send ONE create (start) attempt under a lease, SIGTERM held while it is in flight: an answer ends the

@@ -1,9 +1,9 @@
 """Before a keep begins: may it, and for which word? The checks and the claim of `pod keep` (and `--deploy`).
 
     refuse_strangers(api, spec, adopt=())          # 64 naming a pod (cluster) of the name without podguard's mark
-    mine = claim_here(api, spec, adopt=(), say=print)         # a laptop keep: a new `kept` word in the record
+    mine = claim_here(api, spec, adopt=(), poll_s=1.0)   # a laptop keep: a new `kept` word in the record
     mine = claim_inside(api, spec, env)            # a keeper pod: the word it was deployed for, or KeepOver
-    pod, action = deploy(api, spec, make_keeper, adopt=(), say=print)
+    pod, action = deploy(api, spec, make_keeper, adopt=(), poll_s=1.0)   # its lines: the console
 
 A laptop keep refuses a keeper pod that is alive, and takes over from one that is lost (EXITED, ERROR): it is
 terminated first (read back), so that it cannot act again. Its word is a new generation: every other keeper of the
@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.placement import clusters_named
@@ -52,8 +53,6 @@ __all__ = [
     "speaker",
     "terminate_and_confirm",
 ]
-
-Say = Callable[[str], None]
 
 
 class KeepOver(Exception):
@@ -107,7 +106,7 @@ def _cluster_owned(clusters: ClusterApi, cluster_id: str, name: str) -> bool:
     return bool(members) and all(owned(m.pod, name) for m in members)
 
 
-def terminate_and_confirm(api: PodApi, pod: Pod, say: Say, *, confirm_s: float = 60.0, poll_s: float = 1.0) -> bool:
+def terminate_and_confirm(api: PodApi, pod: Pod, *, confirm_s: float = 60.0, poll_s: float = 1.0) -> bool:
     """Terminate `pod` and read it back gone (True), within `confirm_s`."""
     try:
         with_retry(lambda: api.act(pod.id, PodAction.TERMINATE), api.policy, what=f"terminate pod {pod.id}")
@@ -125,7 +124,7 @@ def terminate_and_confirm(api: PodApi, pod: Pod, say: Say, *, confirm_s: float =
             if not exc.retryable:
                 raise
         time.sleep(poll_s)
-    say(f"warning: pod {pod.id} does not read back terminated yet")
+    console.warn(f"pod {pod.id} does not read back terminated yet")
     return False
 
 
@@ -134,7 +133,6 @@ def claim_here(
     spec: PodSpec,
     *,
     adopt: Collection[str],
-    say: Say,
     poll_s: float,
     by: str = "pod keep",
     claiming: Callable[[str], None] = lambda keep_id: None,
@@ -144,7 +142,7 @@ def claim_here(
     notes it in its state first: killed in between, it still knows the word is its own)."""
     mine, strangers = keeper_pods(api, spec.name)
     for pod in strangers:
-        say(describe_stranger(pod, spec.name))
+        console.say(describe_stranger(pod, spec.name))
     for pod in mine:
         if alive(pod):
             raise UsageError(
@@ -152,8 +150,10 @@ def claim_here(
                 f"{pod.name}` first to keep it from here"
             )
     for pod in mine:
-        say(f"the keeper pod {pod.name} ({pod.id}) is {pod.status}: lost; taking over from it (terminating it first)")
-        if not terminate_and_confirm(api, pod, say, poll_s=poll_s):
+        console.say(
+            f"the keeper pod {pod.name} ({pod.id}) is {pod.status}: lost; taking over from it (terminating it first)"
+        )
+        if not terminate_and_confirm(api, pod, poll_s=poll_s):
             raise ApiError(ApiErrorKind.TRANSIENT, f"the lost keeper pod {pod.id} does not read back terminated yet")
     store = IntentStore(api, spec.name)
     current = store.read()
@@ -184,7 +184,6 @@ def deploy(
     make_keeper: Callable[[int, str], PodSpec],
     *,
     adopt: Collection[str],
-    say: Say,
     poll_s: float,
 ) -> tuple[Pod, str]:
     """Reuse the keeper pod that is alive, or take over from a lost one and make a new one for a new `kept` word."""
@@ -195,14 +194,14 @@ def deploy(
                 f"{describe_stranger(pod, spec.name)}; remove it (`podguard pod down {pod.id}`) or hand it over to be "
                 f"replaced: `podguard pod keep --deploy --spec FILE --adopt {pod.id}`"
             )
-        say(f"{stranger_line(pod)}: handed over with --adopt: replaced by a keeper pod of podguard's own")
-        terminate_and_confirm(api, pod, say, poll_s=poll_s)
+        console.say(f"{stranger_line(pod)}: handed over with --adopt: replaced by a keeper pod of podguard's own")
+        terminate_and_confirm(api, pod, poll_s=poll_s)
     live = [p for p in mine if alive(p)]
     if live:
         return live[0], "reused"
     for pod in mine:
-        say(f"the keeper pod {pod.name} ({pod.id}) is {pod.status}: lost; replacing it (terminating it first)")
-        if not terminate_and_confirm(api, pod, say, poll_s=poll_s):
+        console.say(f"the keeper pod {pod.name} ({pod.id}) is {pod.status}: lost; replacing it (terminating it first)")
+        if not terminate_and_confirm(api, pod, poll_s=poll_s):
             raise ApiError(ApiErrorKind.TRANSIENT, f"the lost keeper pod {pod.id} does not read back terminated yet")
     store = IntentStore(api, spec.name)
     current = store.read()
@@ -212,5 +211,5 @@ def deploy(
     store.write(spoken(current, Word.KEPT, by=speaker("pod keep --deploy"), at=iso_now(), keep=keep, adopt=pod_adopt))
     keeper = marked_spec(make_keeper(gen, keep), keep=keep)
 
-    pod = create_first_fit(api, keeper.candidates(), say=say, mine=lambda p: owned(p, keeper_name(spec.name)))
+    pod = create_first_fit(api, keeper.candidates(), mine=lambda p: owned(p, keeper_name(spec.name)))
     return pod, "created"

@@ -98,7 +98,7 @@ def _cannot_go_on(exc: PodguardError, open_client: Callable[[PodSpec | None], Po
     """Inside a keeper pod: stop it (its logs keep the reason), else park; never a crash loop."""
     console.say(f"error: {exc.message} (exit {int(exc.code)})", loud=True)
     try:
-        stopped = end_own_pod(open_client(None), console.say, failed=exc.message)
+        stopped = end_own_pod(open_client(None), failed=exc.message)
     except PodguardError:
         stopped = False  # no client (a missing or unfilled key): nothing can stop it
     raw = os.environ.get(KNOBS["park_s"], "").strip()
@@ -172,7 +172,7 @@ def _deploy(
             )
 
         tuning = Tuning.from_env()
-        pod, action = deploy(client, spec, make_keeper, adopt=request.adopt, say=console.say, poll_s=tuning.poll_s)
+        pod, action = deploy(client, spec, make_keeper, adopt=request.adopt, poll_s=tuning.poll_s)
     finally:
         local.close()
     if action == "reused":
@@ -203,21 +203,35 @@ def _keep_here(
     deployed: bool,
 ) -> int:
     client = open_client(spec)  # no request yet: the key (77 without one) and the API's kind
-    scrub = load_api_key().scrub
+    scrub = load_api_key().scrub  # the console masks the key; records and webhook posts are scrubbed of it
+    with console.tagged(f"keep {spec.name}"):  # every line of this keeper carries its name
+        return _keep_tagged(request, spec, options, notify, client, scrub, deployed=deployed)
+
+
+def _keep_tagged(
+    request: KeepRequest,
+    spec: PodSpec,
+    options: KeepOptions,
+    notify: str | None,
+    client: PodApi,
+    scrub: Callable[[str], str],
+    *,
+    deployed: bool,
+) -> int:
     tuning = Tuning.from_env()
     local = register(spec.name, poll_s=options.poll_s, state_dir=str(os.environ.get("PODGUARD_STATE_DIR", "")))
     if isinstance(local, Refused):
         raise _refused(spec.name, local)
     if isinstance(local, Unregistered):
-        console.say(
-            f"warning: the keepers' registry cannot be used ({local.why}): `pod down` on this machine reaches this "
+        console.warn(
+            f"the keepers' registry cannot be used ({local.why}): `pod down` on this machine reaches this "
             "keeper through the keep's record only (before its next action), and cannot wait for a create in flight"
         )
-    store = KeepStore.open(spec.name, warn=console.say)
+    store = KeepStore.open(spec.name)
     if not store.lock():
         local.close()
         raise UsageError(f"pod {spec.name} is kept already by another `podguard pod keep` with this state dir")
-    notifier = Notifier(notify, scrub=scrub, warn=console.say, deadline_s=options.notify_s) if notify else None
+    notifier = Notifier(notify, scrub=scrub, deadline_s=options.notify_s) if notify else None
     events = Events(spec.name, store, notifier=notifier, scrub=scrub)
     try:
         previous = None
@@ -227,13 +241,13 @@ def _keep_here(
             except KeepOver as over:
                 events.say("end", f"the keep this keeper pod was made for is over: {over.why}")
                 events.close()  # its message first: then the pod that would deliver it goes
-                end_own_pod(client, events.note)
+                end_own_pod(client)
                 return ExitCode.OK
             refuse_other_kind(client, spec)
         else:
             refuse_other_kind(client, spec)
-            mine, previous = _claim(client, spec, store, request, events, tuning)
-        _notes(spec, events)
+            mine, previous = _claim(client, spec, store, request, tuning)
+        _notes(spec)
         fence = Fence(
             IntentStore(client, spec.name),
             mine,
@@ -251,10 +265,11 @@ def _keep_here(
             if deployed and exc.code != ExitCode.GPUS_BUSY:
                 events.say("fatal", f"error: {exc.message} (exit {int(exc.code)})")  # keep() stops this pod
             raise
+        console.settle()
         _summary(request, spec, result, store)
         if deployed and result.outcome != "interrupted":
             events.close()  # the end message is delivered (or its deadline passed) before this pod goes
-            end_own_pod(client, events.note)
+            end_own_pod(client)
         return result.code
     finally:
         events.close()
@@ -263,7 +278,7 @@ def _keep_here(
 
 
 def _claim(
-    client: PodApi, spec: PodSpec, store: KeepStore, request: KeepRequest, events: Events, tuning: Tuning
+    client: PodApi, spec: PodSpec, store: KeepStore, request: KeepRequest, tuning: Tuning
 ) -> tuple[Intent, Intent | None]:
     """A laptop keep's word: the one in the record when this state dir's keep is under way there (a keeper killed
     and started again: no new generation, and a pod of the name without the mark that appeared meanwhile is left
@@ -280,7 +295,7 @@ def _claim(
         state.claiming = keep_id
         store.save(state)
 
-    return claim_here(client, spec, adopt=request.adopt, say=events.note, poll_s=tuning.poll_s, claiming=note)
+    return claim_here(client, spec, adopt=request.adopt, poll_s=tuning.poll_s, claiming=note)
 
 
 def _kind(spec: PodSpec) -> str:
@@ -301,9 +316,9 @@ def _park(exc: PodguardError, *, stopped: bool, wait_s: float) -> None:
     time.sleep(wait_s)
 
 
-def _notes(spec: PodSpec, events: Events) -> None:
+def _notes(spec: PodSpec) -> None:
     if (spec.volume is None or not spec.volume.network) and not spec.store:
-        events.note(
+        console.say(
             "note: the spec has no [network_volume] and no [checkpoints] store: a stopped pod is started again, but a "
             "replacement (host lost, ERROR, a preflight that keeps failing) would lose the pod's data, so keep would "
             "refuse it (exit 69)"

@@ -2,7 +2,7 @@
 
     keeper = keeper_spec(spec, spec_text, key_secret="runpod_api_key", poll=30, max_recoveries=5, notify=None,
                          gen=7, keep_id="k7-3fa9c2")
-    pod, action = deploy_keeper(api, spec, keeper_for=lambda gen, kid: keeper, say=print)
+    pod, action = deploy_keeper(api, spec, keeper_for=lambda gen, kid: keeper)
     found = keeper_pods(api, "llm-train")        # the keeper pods of the name: podguard's (marked), and strangers
     who = kept_by(api, "llm-train")              # Kept: the keeper pod (alive or lost) and the keepers on this machine
 
@@ -22,9 +22,9 @@ import base64
 import binascii
 import os
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.pods import thispod
 from podguard.pods.api import PodApi
@@ -194,7 +194,7 @@ def describe_stranger(pod: Pod, name: str) -> str:
     )
 
 
-def say_unkept(api: PodApi, name: str, say: Callable[[str], None]) -> None:
+def say_unkept(api: PodApi, name: str) -> None:
     """`pod start NAME` of a pod whose keep `pod stop` ended: say that nothing keeps it now, and how to."""
     try:
         current = IntentStore(api, name).read()
@@ -202,13 +202,13 @@ def say_unkept(api: PodApi, name: str, say: Callable[[str], None]) -> None:
         return
     if current is None or current.word is not Word.STOPPED or kept_by(api, name).by():
         return
-    say(
+    console.say(
         f"note: {name} was kept until `pod stop` ended its keep; nothing keeps it now (a stop, ERROR or a lost host "
         f"is not recovered): `podguard pod keep --spec FILE` (or `--deploy`) keeps it again"
     )
 
 
-def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None = None) -> bool:
+def end_own_pod(api: PodApi, *, failed: str | None = None) -> bool:
     """Inside a keeper pod: terminate this pod (the keep is over; a restarted container must not keep again).
     `failed`: the keeper hit an error no retry fixes (a refused key, a bad spec): stop the pod instead, so that
     RunPod does not restart it into the same error all night and its logs still say why."""
@@ -217,12 +217,14 @@ def end_own_pod(api: PodApi, say: Callable[[str], None], *, failed: str | None =
         return False
     action = PodAction.STOP if failed else PodAction.TERMINATE
     if failed:
-        say(f"the keeper cannot go on ({failed}): stopping its own pod {pod_id} (`podguard pod down` removes it)")
+        console.say(
+            f"the keeper cannot go on ({failed}): stopping its own pod {pod_id} (`podguard pod down` removes it)"
+        )
     else:
-        say(f"the keeper's work is done: terminating its own pod {pod_id}")
+        console.say(f"the keeper's work is done: terminating its own pod {pod_id}")
     try:
         api.act(pod_id, action)
     except ApiError as exc:
-        say(f"warning: could not {action.value} the keeper pod {pod_id} ({exc.message}); `podguard pod down {pod_id}`")
+        console.warn(f"could not {action.value} the keeper pod {pod_id} ({exc.message}); `podguard pod down {pod_id}`")
         return False
     return True

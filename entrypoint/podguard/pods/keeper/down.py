@@ -1,6 +1,6 @@
 """`pod down REF` and `pod stop REF` as the CLI runs them: which pod (cluster) the user named, then the name's end.
 
-    down_or_stop(client, "llm-train", PodAction.TERMINATE, as_json=False, say=print, emit=print)
+    down_or_stop(client, "llm-train", PodAction.TERMINATE, as_json=False, emit=print)
 
 A cluster member named by its id is that node (its cluster's own commands otherwise). A pod named by its id that is
 not podguard's is acted on alone: the user's hand on that pod. Otherwise the name's keep ends and is swept
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError
 from podguard.pods.actions import ActionResult, act_on
 from podguard.pods.api import PodApi
@@ -29,8 +30,6 @@ from podguard.pods.pod import PodAction, PodStatus, public_view
 from podguard.pods.tuning import Tuning
 
 __all__ = ["ByRef", "down_or_stop", "end_by_ref"]
-
-Say = Callable[[str], None]
 
 
 @dataclass
@@ -52,7 +51,7 @@ class ByRef:
         )
 
 
-def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -> ByRef:
+def end_by_ref(api: PodApi, ref: str, word: Word, *, tuning: Tuning) -> ByRef:
     """`pod down REF` / `pod stop REF`: a pod named by its id that is not podguard's is acted on alone (the user's
     hand on that pod); otherwise the name's keep is ended and swept (end_name), and a pod of the name that is not
     podguard's is acted on only when it is the one thing of a name no keep ever claimed (the user named it: a pod made
@@ -70,7 +69,7 @@ def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -
         named = cluster or next((c for c in listed if c.name == name), None)
         if named is not None:
             raise not_a_cluster_action(named.name, "stop")
-    ended = end_name(api, name, word, say=say, tuning=tuning)
+    ended = end_name(api, name, word, tuning=tuning)
     adopted = ended.intent.adopted if ended.intent is not None else ()
     theirs = [p for p in api.list_pods() if p.name == name and p.status is not PodStatus.TERMINATED]
     theirs = [p for p in theirs if not owned(p, name, adopted)]
@@ -83,7 +82,9 @@ def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -
         raise UsageError(f"{len(theirs)} pods are named {name!r} ({ids}) and none is podguard's; name one by its id")
     else:
         for pod in theirs:
-            say(f"{stranger_line(pod)} is named {name} but is not podguard's (no mark): left as it is (`pod down ID`)")
+            console.say(
+                f"{stranger_line(pod)} is named {name} but is not podguard's (no mark): left as it is (`pod down ID`)"
+            )
     if word is Word.DOWN and plain and result.direct is None:
         others = [c for c in clusters.list_clusters() if c.name == name]
         if len(others) == 1:  # the user's own cluster, named: deleted as asked
@@ -92,25 +93,25 @@ def end_by_ref(api: PodApi, ref: str, word: Word, *, say: Say, tuning: Tuning) -
     return result
 
 
-def down_or_stop(
-    client: PodApi, ref: str, wanted: PodAction, *, as_json: bool, say: Say, emit: Callable[[Any], None]
-) -> None:
+def down_or_stop(client: PodApi, ref: str, wanted: PodAction, *, as_json: bool, emit: Callable[[Any], None]) -> None:
     """The whole `pod down` / `pod stop` of the CLI: act, then say what was done (exit 75 when something does not
     read back yet; 66 when `stop` finds nothing at all)."""
     members = [m for m in cluster_api(client).member_pods() if m.pod.id == ref]
     if members:
         result = act_on_member(client, members[0], wanted)
-        say(result.message)
+        console.say(result.message)
         if as_json:
             emit({**(public_view(result.pod) if result.pod else {}), "changed": result.changed, "terminated": True})
         return
     word = Word.DOWN if wanted is PodAction.TERMINATE else Word.STOPPED
-    done = end_by_ref(client, ref, word, say=say, tuning=Tuning.from_env())
+    done = end_by_ref(client, ref, word, tuning=Tuning.from_env())
     ended = done.ended
     if done.direct is not None:
-        say(done.direct.message)
+        console.say(done.direct.message)
     if done.cluster_down is not None:
-        say(f"cluster {done.cluster_down.name} ({done.cluster_down.id}) deleted: all {done.cluster_down.nodes} nodes")
+        console.say(
+            f"cluster {done.cluster_down.name} ({done.cluster_down.id}) deleted: all {done.cluster_down.nodes} nodes"
+        )
     verb = "down" if word is Word.DOWN else "stop"
     if ended is not None and ended.left:
         raise PodguardError(
@@ -122,15 +123,17 @@ def down_or_stop(
         if wanted is PodAction.STOP:
             missing = f"no pod named {ref!r} or with that id, and no such cluster (see `podguard pod list`)"
             raise ApiError(ApiErrorKind.NOT_FOUND, missing)
-        say(f"no pod or cluster named {ref!r} or with that id: nothing to take down")
+        console.say(f"no pod or cluster named {ref!r} or with that id: nothing to take down")
     elif ended is not None:
         if not ended.touched and done.direct is None and done.cluster_down is None:
             what = "take down" if word is Word.DOWN else "stop"
-            say(f"no pod or cluster named {ref!r} or with that id: nothing to {what}; its keeper was ended")
+            console.say(f"no pod or cluster named {ref!r} or with that id: nothing to {what}; its keeper was ended")
         if ended.waited_s >= 1:
-            say(f"{done.name}: waited {ended.waited_s:.0f} s for what a keeper may have sent; nothing of it bills")
+            console.say(
+                f"{done.name}: waited {ended.waited_s:.0f} s for what a keeper may have sent; nothing of it bills"
+            )
         if word is Word.STOPPED and ended.keepers:
-            say(
+            console.say(
                 f"{done.name} is no longer kept: nothing starts it again; `podguard pod keep --spec FILE` (or "
                 "`--deploy`) keeps it again"
             )

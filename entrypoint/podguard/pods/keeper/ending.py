@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.actuate import BOOTING, Actuator
@@ -121,7 +122,7 @@ class Ending:
         try:
             self.fence.finish(outcome, code)  # `done` over its own `kept`: a keeper started again knows
         except ApiError as exc:
-            self.events.note(f"warning: the keep's record could not say done ({exc.message})")
+            console.warn(f"the keep's record could not say done ({exc.message})")
         if outcome in ("gave-up", "refused"):
             text = f"{self.state.why}; {left}"
             self.events.say(outcome, text, notify=True, code=code)
@@ -138,7 +139,7 @@ class Ending:
         said = ""
         until = self.fence.pending()
         if until:
-            self.events.note(f"waiting up to {until - time.time():.0f} s: a create this keeper sent may still land")
+            console.say(f"waiting up to {until - time.time():.0f} s: a create this keeper sent may still land")
         while True:
             for other in [s.id for s in scan.mine if s.id != self.state.target_id]:
                 if not self.target.remove(self.hands, other):

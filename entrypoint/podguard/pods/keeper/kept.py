@@ -4,7 +4,7 @@
     scan = kept.scan(adopted)                  # ONE listing of the name: the plan (converge.py) and what it saw
     kept.adopt(scan.plan.keep, scan)           # the one kept (its log stream opens once it runs)
     observed = kept.observe(state, silent)     # what decide() needs, from that same listing (no request)
-    kept.start(hands); kept.remove(hands); kept.create(hands, say, dc); kept.stop(hands, why="...")
+    kept.start(hands); kept.remove(hands); kept.create(hands, dc); kept.stop(hands, why="...")
 
 What a pod or a cluster is in RunPod's API (a listing of the name, the mark, the marked candidates, a create) is
 pods/target.py's `Target`; a `Kept` adds the keeper's own state on top: the one kept, its log streams, what
@@ -37,8 +37,6 @@ from podguard.pods.target import PodTarget
 from podguard.pods.tuning import Tuning
 
 __all__ = ["Kept", "KeptPod", "Scan", "not_confirmed", "open_stream"]
-
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class Kept(Protocol):
 
     def remove(self, hands: Actuator, target_id: str) -> bool: ...
 
-    def create(self, hands: Actuator, say: Say, dc: str | None, adopted: Collection[str]) -> None: ...
+    def create(self, hands: Actuator, dc: str | None, adopted: Collection[str]) -> None: ...
 
     def stop(self, hands: Actuator, *, why: str, terminate_error: bool = False) -> str: ...
 
@@ -218,13 +216,13 @@ class KeptPod:
             self.forget()
         return hands.terminate(target_id)
 
-    def create(self, hands: Actuator, say: Say, dc: str | None, adopted: Collection[str]) -> None:
+    def create(self, hands: Actuator, dc: str | None, adopted: Collection[str]) -> None:
         candidates = self.target.candidates(self.spec, keep=self.keep_id, dc=dc)
 
         def mine(name: str) -> list[Pod]:
             return [p for p in self.target.listed(name) if self.target.owner(p, name, adopted)]
 
-        self.pod = hands.create(self.target, candidates, mine, say)
+        self.pod = hands.create(self.target, candidates, mine)
         self._stale = None
 
     def stop(self, hands: Actuator, *, why: str, terminate_error: bool = False) -> str:

@@ -13,7 +13,7 @@ peer was lost. A cluster has no start and no stop: it is replaced whole, and del
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from podguard.pods.clusters.cluster import Cluster, Member
 from podguard.pods.clusters.rest import ClusterApi
@@ -30,8 +30,6 @@ from podguard.pods.spec import PodSpec
 from podguard.pods.tuning import Tuning
 
 __all__ = ["KeptCluster"]
-
-Say = Callable[[str], None]
 
 
 class KeptCluster:
@@ -161,13 +159,13 @@ class KeptCluster:
             self.forget()
         return hands.delete_cluster(self.target, target_id)
 
-    def create(self, hands: Actuator, say: Say, dc: str | None, adopted: Collection[str]) -> None:
+    def create(self, hands: Actuator, dc: str | None, adopted: Collection[str]) -> None:
         candidates = self.target.candidates(self.spec, keep=self.keep_id, dc=dc)
 
         def mine(name: str) -> list[Cluster]:
             return [c for c in self.target.listed(name) if self._owner(c)]
 
-        self.cluster = hands.create(self.target, candidates, mine, say)
+        self.cluster = hands.create(self.target, candidates, mine)
         self.target.owners[self.cluster.id] = True
 
     def stop(self, hands: Actuator, *, why: str, terminate_error: bool = False) -> str:

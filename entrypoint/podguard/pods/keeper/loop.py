@@ -17,6 +17,7 @@ import os
 import signal
 import time
 
+from podguard import console
 from podguard.outcome_lines import Checkpoint, newest_checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.actuate import Actuator
@@ -118,7 +119,7 @@ class Keeper(Reconciling):
             if self.state.phase == "ending":  # the job was over; its stop was not confirmed: make it now
                 return self._complete_ending()
             if not self.state.made:  # the first `pod up` never finished: nothing was lost, make it now
-                self.events.note(f"no {self.target.kind} named {self.spec.name} was made before: `pod up` now")
+                console.say(f"no {self.target.kind} named {self.spec.name} was made before: `pod up` now")
             return None
         self.state = KeepState(name=self.spec.name, kind=self.target.kind)
         self._mine()
@@ -273,7 +274,7 @@ class Keeper(Reconciling):
         if error.kind in (ApiErrorKind.AUTH, ApiErrorKind.NO_BALANCE, ApiErrorKind.FORBIDDEN):
             raise error
         self.target.stream_lost(rank)
-        self.events.note(f"the log stream of node{rank} ended ({error.message}); reopened at the next poll")
+        console.say(f"the log stream of node{rank} ended ({error.message}); reopened at the next poll")
 
     def _api_outage(self, exc: ApiError) -> None:
         if not self._outage:

@@ -8,7 +8,7 @@
 
 The body is `{"text": ..., "content": ...}` (Slack reads `text`, Discord `content`; each ignores the other).
 The text is scrubbed of the API key and of token-like strings before it leaves. A webhook that fails is one
-warning line (naming the host, not the URL: the URL itself is a secret); each message has a deadline of its own
+console warning (naming the host, not the URL: the URL itself is a secret); each message has a deadline of its own
 (two tries within DEADLINE_S, 5 s), so a webhook that never answers costs seconds, and never stops the keeper.
 """
 
@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.redact import redact_text
 
@@ -81,12 +82,9 @@ class Notifier:
     thread of its own, and `close()` waits for it first; what is still queued behind a slow webhook then gets
     what is left of one deadline, and is dropped with a warning after that."""
 
-    def __init__(
-        self, url: str, *, scrub: Callable[[str], str], warn: Callable[[str], None], deadline_s: float = DEADLINE_S
-    ) -> None:
+    def __init__(self, url: str, *, scrub: Callable[[str], str], deadline_s: float = DEADLINE_S) -> None:
         self._url = url
         self._scrub = scrub
-        self._warn = warn
         self._deadline_s = deadline_s
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._finals: list[threading.Thread] = []
@@ -110,7 +108,7 @@ class Notifier:
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         left = self._queue.qsize() - 1
         if self._thread.is_alive() and left > 0:
-            self._warn(f"warning: {left} --notify message(s) to {_shown(self._url)} not sent (the webhook is slow)")
+            console.warn(f"{left} --notify message(s) to {_shown(self._url)} not sent (the webhook is slow)")
 
     def _run(self) -> None:
         while True:
@@ -140,7 +138,7 @@ class Notifier:
             if outcome[0] == "":
                 return
             error = outcome[0]
-        self._warn(f"warning: --notify to {_shown(self._url)} failed ({error}); the keeper goes on")
+        console.warn(f"--notify to {_shown(self._url)} failed ({error}); the keeper goes on")
 
     def _try(self, text: str, timeout: float, outcome: list[str]) -> None:
         """One POST; appends "" when the webhook answered, else what went wrong."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from podguard import console
 from podguard.pods.errors import ApiError, ApiErrorKind
 from podguard.pods.keeper.decide import Observed
 from podguard.pods.keeper.ending import KeepResult
@@ -78,7 +79,7 @@ class Reconciling(Recovering):
     def _surplus(self, sid: str, scan: Scan) -> None:
         """One of the keeper's own beyond the one kept: terminated (read back), said."""
         if not self.target.remove(self.hands, sid):
-            self.events.note(f"{scan.line(sid)}: its terminate is not confirmed yet; the next poll sees it again")
+            console.say(f"{scan.line(sid)}: its terminate is not confirmed yet; the next poll sees it again")
             return
         self.events.say(
             "surplus",
@@ -122,7 +123,7 @@ class Reconciling(Recovering):
         self._fresh = False
         while True:
             try:
-                self.target.create(self.hands, self.events.note, None, self.adopted)
+                self.target.create(self.hands, None, self.adopted)
                 break
             except ApiError as exc:
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:

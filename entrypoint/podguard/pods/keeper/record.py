@@ -1,6 +1,6 @@
 """The keeper's memory in the state dir: where it stands, and a record of every event.
 
-    store = KeepStore.open("llm-train", warn=say)  # <state dir>/keep/llm-train.json (+ .events.jsonl, .lock)
+    store = KeepStore.open("llm-train")            # <state dir>/keep/llm-train.json (+ .events.jsonl, .lock)
     state = store.load()                           # None: nothing kept under this name yet
     store.save(state)                              # atomic, owner-only; a failed write is one warning
     store.event("recovery", "EXITED without an outcome: starting it", pod="abc123")
@@ -21,11 +21,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podguard import console
 from podguard.errors import PodguardError, UsageError
 from podguard.redact import redact_text
 from podguard.state import NoFlock, open_lock, state_dir, subdir, try_flock, write_private
@@ -101,9 +101,8 @@ class KeepState:
 class KeepStore:
     """The files of one kept name under `<state dir>/keep/`."""
 
-    def __init__(self, folder: Path, name: str, *, warn: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(self, folder: Path, name: str) -> None:
         self.name = name
-        self._warn = warn
         self._failing = False
         base = folder / safe_name(name)
         self.state_path = base.with_name(base.name + ".json")
@@ -112,8 +111,8 @@ class KeepStore:
         self._lock_fd: int | None = None
 
     @classmethod
-    def open(cls, name: str, *, warn: Callable[[str], None] = lambda text: None) -> KeepStore:
-        return cls(subdir(state_dir(), "keep"), name, warn=warn)
+    def open(cls, name: str) -> KeepStore:
+        return cls(subdir(state_dir(), "keep"), name)
 
     # -- the state ---------------------------------------------------------------------------------------
     def load(self) -> KeepState | None:
@@ -137,11 +136,11 @@ class KeepStore:
         except (OSError, PodguardError) as exc:
             if not self._failing:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                self._warn(f"warning: cannot write the keeper's state {self.state_path} ({why}); it goes on in memory")
+                console.warn(f"cannot write the keeper's state {self.state_path} ({why}); it goes on in memory")
             self._failing = True
             return False
         if self._failing:
-            self._warn(f"the keeper's state is written again ({self.state_path})")
+            console.say(f"the keeper's state is written again ({self.state_path})")
         self._failing = False
         return True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from podguard import console
 from podguard.durations import format_duration
 from podguard.outcome_lines import Checkpoint
 from podguard.pods.errors import ApiError, ApiErrorKind
@@ -107,7 +108,7 @@ class Recovering(Ending):
         if counted:
             self.state.recoveries -= 1  # nothing was started
         self.store.save(self.state)
-        self.events.note(f"{self.target.describe()} changed before its start ({why}); deciding again")
+        console.say(f"{self.target.describe()} changed before its start ({why}); deciding again")
 
     def _can_replace(self) -> bool:
         """A network volume (in its data centre) or a checkpoint store (any data centre): the work comes along."""
@@ -152,7 +153,7 @@ class Recovering(Ending):
                     self.target.adopt(old, scan)
                 if not self.target.remove(self.hands, old):
                     raise not_confirmed(f"terminate {old}")
-                self.events.note(
+                console.say(
                     f"{self.target.kind} {old} terminated" if self.target.kind == "pod" else f"cluster {old} deleted"
                 )
             self.target.forget()
@@ -178,7 +179,7 @@ class Recovering(Ending):
                 self._say_adopted(resumed)
                 return
             try:
-                self.target.create(self.hands, self.events.note, dc, self.adopted)
+                self.target.create(self.hands, dc, self.adopted)
                 break
             except ApiError as exc:
                 if exc.kind is not ApiErrorKind.NO_CAPACITY:

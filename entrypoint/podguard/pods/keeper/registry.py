@@ -4,7 +4,7 @@
     me.lease(time.time() + 90)                 # before a create: by when it has landed (`pod down` waits for it)
     me.close()                                 # the entry goes (or stays, unlocked, while a lease is pending)
     entries("llm-train")                       # every keeper of the name here: pid, alive, lease, HOME
-    end_local_keepers("llm-train", say)        # SIGTERM to each live one, proven first; their leases
+    end_local_keepers("llm-train", wait_s=10)  # SIGTERM to each live one, proven first; their leases
 
 The registry is machine-wide, not under HOME: `/tmp/podguard-keepers/<uid>/<name>.<pid>.json` (PODGUARD_KEEPERS_DIR
 moves it; tests do), so `pod down` finds a keeper started under sudo, by systemd or in another state dir. A keeper
@@ -27,9 +27,10 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from podguard import console
 
 __all__ = [
     "ENV_KEEPERS_DIR",
@@ -303,7 +304,7 @@ class LocalEnd:
     lease_until: float  # a create one of them sent may land until then (0: none in flight)
 
 
-def end_local_keepers(name: str, say: Callable[[str], None], *, wait_s: float) -> LocalEnd:
+def end_local_keepers(name: str, *, wait_s: float) -> LocalEnd:
     """SIGTERM to every live keeper of `name` on this machine that is proven to be one, then wait (up to `wait_s`:
     a keeper holds the signal while a create is in flight) for them to end; what their leases say."""
     seen = entries(name)
@@ -312,20 +313,20 @@ def end_local_keepers(name: str, say: Callable[[str], None], *, wait_s: float) -
         if not entry.alive:
             continue
         if not proven(entry):
-            say(f"the entry of pid {entry.pid} is not a live keeper of {name}: not signalled")
+            console.say(f"the entry of pid {entry.pid} is not a live keeper of {name}: not signalled")
             continue
         try:
             os.kill(entry.pid, signal.SIGTERM)
         except ProcessLookupError:
             continue
         except PermissionError:
-            say(
+            console.say(
                 f"the keeper of {name} {entry.where()} runs as another user: it cannot be ended from here; it reads "
                 "the record before its next action and ends itself"
             )
             signalled.append(entry)
             continue
-        say(f"ending the keeper of {name} on this machine ({entry.where()}) first")
+        console.say(f"ending the keeper of {name} on this machine ({entry.where()}) first")
         signalled.append(entry)
     ended = list(signalled)
     deadline = time.monotonic() + wait_s

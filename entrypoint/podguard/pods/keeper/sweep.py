@@ -1,6 +1,6 @@
 """`pod down NAME` and `pod stop NAME`: the user's word, written first, then nothing of the name left billing.
 
-    done = end_name(api, "llm-train", Word.DOWN, say=print, tuning=Tuning.from_env())
+    done = end_name(api, "llm-train", Word.DOWN, tuning=Tuning.from_env())
     done.changed, done.left, done.waited_s
 
 1. The word (`down`, `stopped`) goes into the keep's record (intent_store.py), when a keep ever claimed the name:
@@ -18,9 +18,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from podguard import console
 from podguard.pods.api import PodApi
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.clusters.target import ClusterTarget
@@ -40,7 +40,6 @@ from podguard.pods.tuning import Tuning
 
 __all__ = ["Ended", "end_name", "land_s"]
 
-Say = Callable[[str], None]
 ENV_LAND_S = "PODGUARD_KEEP_LAND_S"
 
 
@@ -76,7 +75,7 @@ class Ended:
         return bool(self.terminated or self.stopped or self.already or self.owned_seen)
 
 
-def end_name(api: PodApi, name: str, word: Word, *, say: Say, tuning: Tuning) -> Ended:
+def end_name(api: PodApi, name: str, word: Word, *, tuning: Tuning) -> Ended:
     """Write `word` (down | stopped), end every keeper of `name`, then sweep until nothing of the name can bill."""
     ended = Ended()
     store = IntentStore(api, name)
@@ -93,17 +92,17 @@ def end_name(api: PodApi, name: str, word: Word, *, say: Say, tuning: Tuning) ->
         if exc.kind not in (ApiErrorKind.TRANSIENT, ApiErrorKind.RATE_LIMITED, ApiErrorKind.FORBIDDEN):
             raise
         ended.intent, ended.kept_before = None, True
-        say(f"warning: the keep's record could not be written ({exc.message}); keepers on this machine are ended here")
-    local = end_local_keepers(name, say, wait_s=tuning.request_timeout_s + 5.0)
+        console.warn(f"the keep's record could not be written ({exc.message}); keepers on this machine are ended here")
+    local = end_local_keepers(name, wait_s=tuning.request_timeout_s + 5.0)
     ended.keepers += [f"pid {e.pid}" for e in local.ended]
     until = local.lease_until
     mine, strangers = keeper_pods(api, name)
     for pod in strangers:
-        say(describe_stranger(pod, name))
+        console.say(describe_stranger(pod, name))
     for pod in mine:
-        say(f"ending the keeper pod {pod.name} ({pod.id}) first")
+        console.say(f"ending the keeper pod {pod.name} ({pod.id}) first")
         running = pod.status in (PodStatus.RUNNING, PodStatus.STARTING, PodStatus.PROVISIONING, PodStatus.UNKNOWN)
-        if not terminate_and_confirm(api, pod, say, poll_s=tuning.poll_s):
+        if not terminate_and_confirm(api, pod, poll_s=tuning.poll_s):
             ended.left.append(pod.id)
         ended.keepers.append(pod.name)
         if running:  # it may have sent a create just before it went: its leases are not readable from here
@@ -112,13 +111,13 @@ def end_name(api: PodApi, name: str, word: Word, *, say: Say, tuning: Tuning) ->
     started = time.monotonic()
     told = False
     while True:
-        _sweep(api, name, word, adopted, ended, tuning, say)
+        _sweep(api, name, word, adopted, ended, tuning)
         left = until - time.time()
         if left <= 0:
             break
         if not told:
             told = True
-            say(
+            console.say(
                 f"waiting up to {left:.0f} s: a create (or start) a keeper sent may still land; sweeping {name} every "
                 f"{max(tuning.poll_s, 0.05):g} s until then"
             )
@@ -134,9 +133,7 @@ def _float(raw: str | None, default: float) -> float:
         return default
 
 
-def _sweep(
-    api: PodApi, name: str, word: Word, adopted: tuple[str, ...], ended: Ended, tuning: Tuning, say: Say
-) -> None:
+def _sweep(api: PodApi, name: str, word: Word, adopted: tuple[str, ...], ended: Ended, tuning: Tuning) -> None:
     """One pass: the keeper's own pods and clusters of the name taken down (or the pod stopped)."""
     pods = [p for p in api.list_pods() if p.name == name and p.status is not PodStatus.TERMINATED]
     mine = [p for p in pods if owned(p, name, adopted)]
@@ -152,17 +149,17 @@ def _sweep(
             if pod.status is PodStatus.EXITED:
                 if pod.id not in ended.stopped + ended.already:
                     ended.already.append(pod.id)
-                    say(f"pod {name} ({pod.id}) is already EXITED")
+                    console.say(f"pod {name} ({pod.id}) is already EXITED")
             elif _stop(api, pod, tuning):
                 if pod.id not in ended.stopped:
                     ended.stopped.append(pod.id)
-                    say(f"pod {name} ({pod.id}) stopped; its disk and volume stay")
+                    console.say(f"pod {name} ({pod.id}) stopped; its disk and volume stay")
             else:
                 ended.left.append(pod.id)
             continue
-        if terminate_and_confirm(api, pod, say, poll_s=tuning.poll_s):
+        if terminate_and_confirm(api, pod, poll_s=tuning.poll_s):
             ended.terminated.append(pod.id)
-            say(f"pod {name} ({pod.id}) terminated")
+            console.say(f"pod {name} ({pod.id}) terminated")
         else:
             ended.left.append(pod.id)
     clusters = ClusterTarget(cluster_api(api))
@@ -172,7 +169,7 @@ def _sweep(
         ended.owned_seen = True
         if deleted(clusters, cluster.id, within_s=60.0, poll_s=tuning.poll_s, min_sleep_s=0.05):
             ended.terminated.append(cluster.id)
-            say(f"cluster {name} ({cluster.id}) deleted: all {cluster.nodes} nodes")
+            console.say(f"cluster {name} ({cluster.id}) deleted: all {cluster.nodes} nodes")
         else:
             ended.left.append(cluster.id)
 
