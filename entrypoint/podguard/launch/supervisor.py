@@ -9,6 +9,7 @@ that fails is the root cause and every other worker's group gets SIGTERM, SIGKIL
 SIGTERM/SIGINT/SIGHUP to podguard are forwarded the same way and end the job with 128+N; SIGUSR1/2 are
 passed through. Leftover descendants are reaped and stopped (`orphans.py`); if podguard itself is
 killed, a per-job watchdog stops the job (`watchdog.py`); output is written off the loop (`sinks.py`).
+Every podguard line of the run, from any thread, goes to the terminal with the workers' lines (`route.py`).
 The rules and their reasons: docs/supervisor.md.
 """
 
