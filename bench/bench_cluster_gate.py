@@ -25,7 +25,8 @@ from _common import ROOT  # (also puts tests/ on sys.path)
 from loopback import free_port_pair
 
 NODE = """
-import io, json, sys, time
+import json, sys, time
+from podguard import console
 from podguard.launch.multinode.gate import run_cluster_gate
 from podguard.launch.multinode.verdicts import NodeVerdict, gate_settings
 from podguard.launch.multinode.protocol import load_store_class
@@ -40,7 +41,8 @@ settings = gate_settings(nnodes=nnodes, node_rank=rank, addr="127.0.0.1", rdzv_p
 sick = fail == "1" and rank == nnodes - 1
 verdict = NodeVerdict(rank, "UNHEALTHY" if sick else "PASS", 76 if sick else 0,
                       ("UNHEALTHY GPU 0: bench",) if sick else ())
-outcome = run_cluster_gate(settings, verdict, out=io.StringIO())
+with console.captured():  # (the gate summary: not the benchmark's output)
+    outcome = run_cluster_gate(settings, verdict)
 print(json.dumps({**outcome.to_data(), "returned_at": time.time()}), flush=True)  # podguard launches (or exits) now
 """
 

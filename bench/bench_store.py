@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests" / "store"))
 
 from s3server import CREDENTIALS, S3Server, store_env
 
+from podguard import console
 from podguard.checkpoints import find_checkpoints
 from podguard.store.catalog import newest_whole
 from podguard.store.connect import open_backend
@@ -235,7 +236,8 @@ def restore_time(server: S3Server, gb: float) -> None:
         up = time.perf_counter() - t0
         stored = newest_whole(backend)
         t0 = time.perf_counter()
-        restore_checkpoint(backend, stored, str(tmp / "pod2"), say=lambda line: None)
+        with console.captured():  # (its progress lines: not the benchmark's output)
+            restore_checkpoint(backend, stored, str(tmp / "pod2"))
         down = time.perf_counter() - t0
         size = stored.manifest.bytes
         print(f"3. a {size / 1e9:.2f} GB checkpoint: upload {up:.1f} s ({size / up / 1e6:.0f} MB/s); restore into an "

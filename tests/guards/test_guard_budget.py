@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pods"))  # the sta
 
 from pods_support import standin  # noqa: F401 (fixture)
 
+from podguard import console
 from podguard.pods.pod import Pod, PodStatus
 from podguard.pods.thispod.meter import Budget, Meter, budget_from, read_budget
 
@@ -66,30 +67,30 @@ def test_150_usd_on_4_nodes_trips_at_150_in_all_not_600():
 
 
 def test_a_pod_read_from_the_api():
-    said: list[str] = []
-    b = budget_from("p1", None, [pod("p1", 3.52, 3600.0)], WALL, 7.0, said.append)
+    with console.captured() as said:
+        b = budget_from("p1", None, [pod("p1", 3.52, 3600.0)], WALL, 7.0)
     assert b == Budget("p1", (Meter("p1", 3.52, pytest.approx(3600.0)),), 7.0, None, 1)
     assert said == []
 
 
 @pytest.mark.parametrize("cost", [None, 0.0])
 def test_a_pod_without_a_price_turns_the_guard_off_with_one_line(cost):
-    said: list[str] = []
-    assert budget_from("p1", None, [pod("p1", cost, 60.0)], WALL, 0.0, said.append) is None
-    assert said == ["warning: --max-cost: the API gives no cost per hour for pod p1; the guard is off"]
+    with console.captured() as said:
+        b = budget_from("p1", None, [pod("p1", cost, 60.0)], WALL, 0.0)
+    assert b is None
+    assert said == ["podguard: warning: --max-cost: the API gives no cost per hour for pod p1; the guard is off"]
 
 
 @pytest.mark.parametrize("started", [None, -30.0], ids=["no-start", "clock-skew"])
 def test_a_pod_without_a_start_counts_from_now(started):
-    said: list[str] = []
-    b = budget_from("p1", None, [pod("p1", 1.0, started)], WALL, 0.0, said.append)
+    with console.captured() as said:
+        b = budget_from("p1", None, [pod("p1", 1.0, started)], WALL, 0.0)
     assert b is not None and b.meters == (Meter("p1", 1.0, 0.0),) and b.spent(3600.0) == pytest.approx(1.0)
-    expected = ["warning: --max-cost: the API gives no start time for pod p1; counting from now"]
+    expected = ["podguard: warning: --max-cost: the API gives no start time for pod p1; counting from now"]
     assert said == (expected if started is None else [])  # a start in the future is "just now", said nothing
 
 
 def test_a_clusters_members_read_from_the_api():
-    said: list[str] = []
     members = [
         pod("n0", 3.52, 3600.0),
         pod("n1", None, 3600.0),  # no price: not counted, said
@@ -98,21 +99,23 @@ def test_a_clusters_members_read_from_the_api():
         pod("n4", None, None),
         pod("n5", 1.0, None),
     ]
-    b = budget_from("n2", "c1", members, WALL, 0.0, said.append)
+    with console.captured() as said:
+        b = budget_from("n2", "c1", members, WALL, 0.0)
     assert b is not None and b.what == "cluster c1 (6 nodes)" and b.pod_id == "n2" and b.cluster_id == "c1"
     assert [m.pod_id for m in b.meters] == ["n0", "n2", "n3", "n5"] and b.cost_per_hr == pytest.approx(8.04)
     assert b.spent(0.0) == pytest.approx(3.52) and b.running_s(0.0) == pytest.approx(3600.0)
     assert said == [
-        "warning: --max-cost: the API gives no cost per hour for pod(s) n1, n4 of cluster c1; not counted",
-        "warning: --max-cost: the API gives no start time for pod(s) n2, n5 of cluster c1; counting from now",
+        "podguard: warning: --max-cost: the API gives no cost per hour for pod(s) n1, n4 of cluster c1; not counted",
+        "podguard: warning: --max-cost: the API gives no start time for pod(s) n2, n5 of cluster c1; counting from now",
     ]
 
 
 def test_a_cluster_without_any_price_turns_the_guard_off():
-    said: list[str] = []
     members = [pod("n0", None, 10.0), pod("n1", 0.0, 10.0)]
-    assert budget_from("n0", "c1", members, WALL, 0.0, said.append) is None
-    assert said == ["warning: --max-cost: the API gives no cost per hour for cluster c1; the guard is off"]
+    with console.captured() as said:
+        b = budget_from("n0", "c1", members, WALL, 0.0)
+    assert b is None
+    assert said == ["podguard: warning: --max-cost: the API gives no cost per hour for cluster c1; the guard is off"]
 
 
 # -- one read against the stand-in ---------------------------------------------------------------------------------
@@ -129,8 +132,8 @@ def test_read_budget_of_a_pod_is_one_get(standin):  # noqa: F811
     record = standin.world.create({"name": "solo", "image": "i", "gpu": {"id": "NVIDIA A40", "count": 2}})
     running(standin.world, record)
     standin.world.backdate(record.id, 1800)
-    said: list[str] = []
-    b = read_budget(record.id, said.append)
+    with console.captured() as said:
+        b = read_budget(record.id)
     assert b is not None and b.cluster_id is None and b.nodes == 1 and said == []
     assert b.cost_per_hr == pytest.approx(0.88) and b.spent(b.read_at) == pytest.approx(0.44, abs=0.01)
     assert [r.path for r in standin.requests] == [f"/v2/pods/{record.id}"]
@@ -145,8 +148,8 @@ def test_read_budget_of_a_cluster_member_counts_every_member(standin):  # noqa: 
         running(world, member)
         world.backdate(member.id, 3600)
     node2 = next(p for p in world.members(cluster) if p.rank == 2)
-    said: list[str] = []
-    b = read_budget(node2.id, said.append)
+    with console.captured() as said:
+        b = read_budget(node2.id)
     assert b is not None and said == [] and b.cluster_id == cluster.id and b.what == f"cluster {cluster.id} (4 nodes)"
     assert b.cost_per_hr == pytest.approx(14.08) and b.spent(b.read_at) == pytest.approx(14.08, abs=0.05)
     assert [r.path for r in standin.requests] == [f"/v2/pods/{node2.id}", f"/v2/clusters/{cluster.id}/pods"]

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from podguard import console
 from podguard.durations import format_duration, parse_duration, parse_usd
 from podguard.errors import UsageError
 from podguard.guards.sampler import IdleTracker, is_idle
@@ -68,13 +69,13 @@ def test_idle_means_every_gpu_at_or_below_5_percent_and_known():
 def test_runtime_and_cost_are_deadlines_not_polls():
     settings = GuardSettings(max_runtime_s=60.0, max_cost_usd=10.0)
     budget = Budget("pod1", (Meter("pod1", cost_per_hr=3.6, uptime_s=9000.0),), read_at=100.0)  # $9 spent: $1 left
-    watch = GuardWatch(settings, budget, say=lambda _text: None)
+    watch = GuardWatch(settings, budget)
     watch.begin(Phase.JOB, 100.0)
     assert watch.next_delay(100.0) == pytest.approx(60.0)  # runtime first; $1 at $3.6/hr is 1000 s away
     assert watch.check(159.0) is None
     trip = watch.check(160.0)
     assert trip is not None and trip.guard == "--max-runtime" and "has run 1m (limit 1m)" in trip.detail
-    after = GuardWatch(settings, budget, say=lambda _text: None)
+    after = GuardWatch(settings, budget)
     after.begin(Phase.AFTER, 100.0)  # the job's runtime does not count after the job
     assert after.next_delay(100.0) == pytest.approx(1000.0)
     assert after.check(1099.0) is None
@@ -93,24 +94,24 @@ def test_settings_come_from_the_options_and_the_interval_variable():
 
 
 def test_describe_names_the_guards_that_are_on_and_nothing_when_none_is():
-    said: list[str] = []
     budget = Budget("p1", (Meter("p1", 3.6, 1000.0),), read_at=time.monotonic() + 3600)  # $1.00, not moving yet
-    watch = GuardWatch(GuardSettings(idle_stop_s=1800.0, max_runtime_s=7200.0, max_cost_usd=150.0), budget, said.append)
+    watch = GuardWatch(GuardSettings(idle_stop_s=1800.0, max_runtime_s=7200.0, max_cost_usd=150.0), budget)
     cost = "--max-cost $150.00 (pod p1: about $1.00 spent so far)"
     assert watch.describe() == f"billing guards: --idle-stop 30m, --max-runtime 2h, {cost}"
     watch.begin(Phase.AFTER, time.monotonic())  # after the job its runtime is no longer watched
     assert watch.describe() == f"billing guards: --idle-stop 30m, {cost}"
-    cpu_only = GuardWatch(GuardSettings(idle_stop_s=60.0), None, said.append)
-    cpu_only.watch_gpus([])  # --idle-stop is ignored (one warning): no guard is left, so no "billing guards:" line
-    assert cpu_only.describe() == ""
-    assert said == ["warning: --idle-stop is ignored: this run has no GPU to watch (CPU only)"]
-    assert GuardWatch(GuardSettings(max_cost_usd=5.0), None, said.append).describe() == ""  # no price: it is off
+    with console.captured() as said:
+        cpu_only = GuardWatch(GuardSettings(idle_stop_s=60.0), None)
+        cpu_only.watch_gpus([])  # --idle-stop is ignored (one warning): no guard is left, so no "billing guards:" line
+        assert cpu_only.describe() == ""
+        assert GuardWatch(GuardSettings(max_cost_usd=5.0), None).describe() == ""  # no price: it is off
+    assert said == ["podguard: warning: --idle-stop is ignored: this run has no GPU to watch (CPU only)"]
 
 
 def test_the_idle_line_after_the_job_has_no_empty_guard_list(capsys):
     from podguard.guards.end import idle_guarded
 
-    cpu_only = GuardWatch(GuardSettings(idle_stop_s=60.0), None, lambda _text: None)
+    cpu_only = GuardWatch(GuardSettings(idle_stop_s=60.0), None)
     cpu_only.watch_gpus([])
     timer = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGTERM))  # held there
     timer.start()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from loopback import free_port
+from podguard import console
 from podguard.launch.multinode.share import ProgressShare
 from podguard.launch.multinode.verdicts import gate_settings
 
@@ -96,15 +97,14 @@ def test_node_0_whose_port_is_taken_says_so_once_and_keeps_trying(monkeypatch: p
     import podguard.launch.multinode.share as share_module
 
     monkeypatch.setattr(share_module, "SAY_AFTER_S", 0.3)
-    said: list[str] = []
-    with socket.socket() as squatter:
+    with console.captured() as said, socket.socket() as squatter:  # (the thread's warning: a podguard line)
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("0.0.0.0", 0))
         squatter.listen(1)
         port = squatter.getsockname()[1]
         settings = gate_settings(nnodes=2, node_rank=0, addr="127.0.0.1", rdzv_port=port - 1, cluster_port=port,
                                  timeout_s=30)  # fmt: skip
-        node0 = ProgressShare(settings, lambda: 0, interval_s=0.1, say=said.append)
+        node0 = ProgressShare(settings, lambda: 0, interval_s=0.1)
         node0.start()
         try:
             assert _wait(lambda: bool(said), timeout=10.0)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from containersim import in_container, nolock_env, require_namespaces
+from podguard import console
 from podguard.errors import UsageError
 from podguard.launch.prepare import STAMP_NAME, PrepareError, cache_key, prepare_once
 from podguard.launch.prepare_stale import STALE_TEMP_S, TMP_PREFIX, clean_stale, temp_owner
@@ -27,7 +28,7 @@ cache_root, count_file = sys.argv[1], sys.argv[2]
 # the sleep comes from the env, so runs with different durations still share one cache key
 cmd = ["sh", "-c", f'echo run >> {count_file}; echo partial > "$PODGUARD_PREPARE_DIR/part"; sleep $PREP_SLEEP; '
        'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"']
-r = prepare_once(cmd, cache_root=cache_root, key_parts={"model": "tiny", "samples": "100"}, progress=lambda s: None)
+r = prepare_once(cmd, cache_root=cache_root, key_parts={"model": "tiny", "samples": "100"})
 print(json.dumps({"hit": r.cache_hit, "by": r.prepared_by, "path": str(r.path), "key": r.key,
                   "waited": r.waited_s, "run": r.run_s}))
 """
@@ -111,7 +112,7 @@ def test_half_renamed_result_without_stamp_is_redone(tmp_path: Path) -> None:
     key = cache_key(build, {"a": "1"})
     (tmp_path / key).mkdir()  # as if killed between the rename and the stamp
     (tmp_path / key / "junk").write_text("half")
-    result = prepare_once(build, cache_root=tmp_path, key_parts={"a": "1"}, progress=lambda s: None)
+    result = prepare_once(build, cache_root=tmp_path, key_parts={"a": "1"})
     assert not result.cache_hit and len(calls) == 1
     assert not (result.path / "junk").exists() and (result.path / "x").read_text() == "ok"
 
@@ -123,11 +124,11 @@ def test_callable_command_and_key_rules(tmp_path: Path) -> None:
         seen.append(out)
         (out / "f").write_text("1")
 
-    first = prepare_once(build, cache_root=tmp_path, key_parts={"b": 2, "a": "x"}, progress=lambda s: None)
+    first = prepare_once(build, cache_root=tmp_path, key_parts={"b": 2, "a": "x"})
     assert not first.cache_hit and first.prepared_by == "this process" and first.run_s >= 0
     assert seen[0] != first.path  # written in a temp dir, then renamed
     # same parts in another order: same key, a hit
-    second = prepare_once(build, cache_root=tmp_path, key_parts={"a": "x", "b": 2}, progress=lambda s: None)
+    second = prepare_once(build, cache_root=tmp_path, key_parts={"a": "x", "b": 2})
     assert second.cache_hit and second.key == first.key and len(seen) == 1
     # any changed part, or a different command, is a new key
     assert cache_key(build, {"a": "x", "b": 3}) != first.key
@@ -136,14 +137,8 @@ def test_callable_command_and_key_rules(tmp_path: Path) -> None:
 
 
 def test_failing_command_caches_nothing_and_reports_its_code(tmp_path: Path) -> None:
-    lines: list[str] = []
-    with pytest.raises(PrepareError, match="exited 5") as info:
-        prepare_once(
-            ["sh", "-c", "touch $PODGUARD_PREPARE_DIR/x; exit 5"],
-            cache_root=tmp_path,
-            key_parts={},
-            progress=lines.append,
-        )
+    with console.captured() as lines, pytest.raises(PrepareError, match="exited 5") as info:
+        prepare_once(["sh", "-c", "touch $PODGUARD_PREPARE_DIR/x; exit 5"], cache_root=tmp_path, key_parts={})
     assert info.value.code == 5
     assert list(tmp_path.iterdir()) == [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
     assert any("running" in line for line in lines)
@@ -155,13 +150,13 @@ def test_failing_callable_cleans_its_temp_dir(tmp_path: Path) -> None:
         raise RuntimeError("tokenizer download failed")
 
     with pytest.raises(RuntimeError, match="tokenizer"):
-        prepare_once(boom, cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+        prepare_once(boom, cache_root=tmp_path, key_parts={})
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 
 def test_env_reaches_the_command(tmp_path: Path) -> None:
     cmd = ["sh", "-c", 'echo "$TOKENIZER" > "$PODGUARD_PREPARE_DIR/tok"']
-    result = prepare_once(cmd, cache_root=tmp_path, key_parts={}, env={"TOKENIZER": "gpt2"}, progress=lambda s: None)
+    result = prepare_once(cmd, cache_root=tmp_path, key_parts={}, env={"TOKENIZER": "gpt2"})
     assert (result.path / "tok").read_text().strip() == "gpt2"
 
 
@@ -174,8 +169,6 @@ def test_shared_storage_only_node0_prepares(tmp_path: Path) -> None:
         time.sleep(0.3)
         (out / "d").write_text("x")
 
-    lines: list[str] = []
-
     def node(n: int) -> None:
         results[n] = prepare_once(
             build,
@@ -183,18 +176,18 @@ def test_shared_storage_only_node0_prepares(tmp_path: Path) -> None:
             key_parts={"k": "v"},
             shared_storage=True,
             node_rank=n,
-            progress=lines.append,
             wait_timeout_s=20,
             progress_every_s=0.1,
         )
 
-    followers = [threading.Thread(target=node, args=(n,)) for n in (1, 2)]
-    for t in followers:
-        t.start()
-    time.sleep(0.1)
-    node(0)
-    for t in followers:
-        t.join(timeout=20)
+    with console.captured() as lines:  # (the followers' threads too)
+        followers = [threading.Thread(target=node, args=(n,)) for n in (1, 2)]
+        for t in followers:
+            t.start()
+        time.sleep(0.1)
+        node(0)
+        for t in followers:
+            t.join(timeout=20)
     assert len(calls) == 1
     assert not results[0].cache_hit
     assert results[1].cache_hit and results[1].prepared_by == "node 0" and results[1].waited_s > 0.2
@@ -212,7 +205,6 @@ def test_shared_storage_follower_times_out_with_75(tmp_path: Path) -> None:
             shared_storage=True,
             node_rank=1,
             wait_timeout_s=0.3,
-            progress=lambda s: None,
         )
     assert info.value.code == 75
     assert time.monotonic() - start < 2
@@ -227,14 +219,13 @@ def test_node_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             key_parts={},
             shared_storage=True,
             wait_timeout_s=0.1,
-            progress=lambda s: None,
         )
     # not shared: every node prepares its own
-    result = prepare_once(["true"], cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+    result = prepare_once(["true"], cache_root=tmp_path, key_parts={})
     assert not result.cache_hit
     monkeypatch.setenv("NODE_RANK", "one")
     with pytest.raises(UsageError, match="NODE_RANK"):
-        prepare_once(["false"], cache_root=tmp_path / "o", key_parts={}, shared_storage=True, progress=lambda s: None)
+        prepare_once(["false"], cache_root=tmp_path / "o", key_parts={}, shared_storage=True)
 
 
 @pytest.mark.parametrize(
@@ -249,7 +240,7 @@ def test_node_rank_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     ],
 )
 def test_bad_input_is_a_usage_error(tmp_path: Path, kwargs: dict, message: str) -> None:
-    args = {"command": ["true"], "cache_root": tmp_path, "key_parts": {}, "progress": lambda s: None}
+    args = {"command": ["true"], "cache_root": tmp_path, "key_parts": {}}
     args.update(kwargs)
     with pytest.raises(UsageError, match=message):
         prepare_once(**args)
@@ -259,7 +250,7 @@ def test_unwritable_cache_root_is_a_usage_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(UsageError, match="cannot be created"):
-        prepare_once(["true"], cache_root=blocker / "sub", key_parts={}, progress=lambda s: None)
+        prepare_once(["true"], cache_root=blocker / "sub", key_parts={})
 
 
 def test_waiters_report_progress(tmp_path: Path) -> None:
@@ -269,16 +260,12 @@ def test_waiters_report_progress(tmp_path: Path) -> None:
     deadline = time.monotonic() + 20
     while not list(cache.glob(".tmp-*")) and time.monotonic() < deadline:
         time.sleep(0.01)
-    lines: list[str] = []
     cmd = ["sh", "-c", f'echo run >> {count}; echo partial > "$PODGUARD_PREPARE_DIR/part"; sleep $PREP_SLEEP; '
            'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"']  # fmt: skip
-    result = prepare_once(
-        cmd,
-        cache_root=cache,
-        key_parts={"model": "tiny", "samples": "100"},
-        progress=lines.append,
-        progress_every_s=0.1,
-    )
+    with console.captured() as lines:
+        result = prepare_once(
+            cmd, cache_root=cache, key_parts={"model": "tiny", "samples": "100"}, progress_every_s=0.1
+        )
     first.communicate(timeout=30)
     assert result.cache_hit and result.prepared_by == "another process" and result.waited_s > 0.1
     assert any("another process is preparing" in line for line in lines)
@@ -292,7 +279,7 @@ def test_waiters_report_progress(tmp_path: Path) -> None:
 
 def test_temp_folders_are_named_per_host_not_by_pid_alone(tmp_path: Path) -> None:
     seen: list[str] = []
-    prepare_once(lambda out: seen.append(out.name), cache_root=tmp_path, key_parts={}, progress=lambda s: None)
+    prepare_once(lambda out: seen.append(out.name), cache_root=tmp_path, key_parts={})
     owner = temp_owner(seen[0], TMP_PREFIX, seen[0][len(TMP_PREFIX) :].split("-")[0])
     assert owner == (host_id(), os.getpid())
     assert seen[0].rsplit("-", 1)[1]  # plus a random part: two pods' PID 1 still differ
@@ -319,8 +306,8 @@ def test_stale_cleaning_keeps_what_another_pod_may_still_be_writing(tmp_path: Pa
     old = time.time() - STALE_TEMP_S - 60
     for path in (tmp_path / made["other pod, abandoned"], tmp_path / made["other pod, abandoned"] / "part"):
         os.utime(path, (old, old))
-    lines: list[str] = []
-    clean_stale(tmp_path, key, lines.append, has_stamp=lambda folder: False)
+    with console.captured() as lines:
+        clean_stale(tmp_path, key, has_stamp=lambda folder: False)
     left = {p.name for p in tmp_path.iterdir()}
     assert left == {made["mine, process alive"], made["other pod, fresh"], made["older naming, fresh"]}
     assert any("interrupted run on this host" in line for line in lines)
@@ -338,10 +325,10 @@ def test_an_unstamped_result_is_checked_again_before_it_is_deleted(tmp_path: Pat
         checks.append(folder)
         return len(checks) > 1
 
-    clean_stale(tmp_path, key, lambda s: None, has_stamp=stamp_lands_meanwhile)
+    clean_stale(tmp_path, key, has_stamp=stamp_lands_meanwhile)
     assert (final / "data").read_text() == "complete" and len(checks) == 2
     assert [p.name for p in tmp_path.iterdir()] == [key]  # put back; no trash left
-    clean_stale(tmp_path, key, lambda s: None, has_stamp=lambda folder: False)
+    clean_stale(tmp_path, key, has_stamp=lambda folder: False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -354,7 +341,7 @@ step = (f'echo run >> {count}; hostname > {count}.$(hostname); i=0; '
         f'while [ $(ls {count}.* | wc -l) -lt 2 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; '
         'echo "$PODGUARD_PREPARE_KEY" > "$PODGUARD_PREPARE_DIR/data.txt"')
 cmd = ["sh", "-c", step]
-r = prepare_once(cmd, cache_root=cache, key_parts={"dataset": "d"}, progress=lambda s: print(s, file=sys.stderr))
+r = prepare_once(cmd, cache_root=cache, key_parts={"dataset": "d"})
 print(json.dumps({"by": r.prepared_by, "key": r.key, "path": str(r.path)}))
 """
 

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 
+from podguard import console
 from podguard.launch.watch import quiet_ranks
 from podguard.launch.watch.hangs import Hang, ProgressWatch
 from podguard.launch.watch.quiet_ranks import QuietRanks, write_count
@@ -63,10 +64,9 @@ def three_ranks(now: float) -> ProgressWatch:
 def judge(quiet: QuietRanks, watch: ProgressWatch, now: float, said: list[str], hung: list[Hang]) -> None:
     hang = watch.check(now)
     assert hang is not None and not hang.job
-    quiet.judge(
-        hang, watch, now, on_loop=lambda fn: fn(), hung=hung.append, say=said.append,
-        still=lambda: watch.check(now),
-    )  # fmt: skip
+    with console.captured() as lines:  # (what it says: podguard lines)
+        quiet.judge(hang, watch, now, on_loop=lambda fn: fn(), hung=hung.append, still=lambda: watch.check(now))
+    said.extend(lines)
 
 
 def test_ranks_that_wait_are_excused_and_said_once_naming_the_rank_that_moves(probe) -> None:
@@ -77,8 +77,8 @@ def test_ranks_that_wait_are_excused_and_said_once_naming_the_rank_that_moves(pr
     assert hung == [] and probe.started == [[1, 2]]
     (line,) = said
     assert re.fullmatch(
-        r"ranks 1-2 wait in barrier at train\.py:20 in main; rank 0 made progress \S+ ago: waiting for the others, "
-        r"not hung",
+        r"podguard: ranks 1-2 wait in barrier at train\.py:20 in main; rank 0 made progress \S+ ago: waiting for the "
+        r"others, not hung",
         line,
     ), line
     assert watch.check(15.0) is None  # excused for a timeout
@@ -95,16 +95,17 @@ def test_a_rank_that_does_not_wait_or_whose_stacks_cannot_be_taken_is_hung(probe
     judge(quiet, watch, 12.0, said, hung)
     (found,) = hung
     assert found.slots == (2,) and found.ranks == (2,)
-    assert said and said[0].startswith("rank 1 waits in barrier")
+    assert said and said[0].startswith("podguard: rank 1 waits in barrier")
 
 
 def test_a_rank_that_went_quiet_meanwhile_is_looked_at_before_it_is_judged(probe) -> None:
     probe.answers = {1: (None, None), 2: ("barrier", None)}
-    watch, quiet, said, hung = three_ranks(12.0), QuietRanks(10.0, None), [], []
+    watch, quiet, hung = three_ranks(12.0), QuietRanks(10.0, None), []
     hang = watch.check(12.0)
     only_1 = Hang(hang.silent_s, hang.last, (1,), (1,), job=False)
     widened = Hang(hang.silent_s, hang.last, (1, 2), (1, 2), job=False)
-    quiet.judge(only_1, watch, 12.0, on_loop=lambda fn: fn(), hung=hung.append, say=said.append, still=lambda: widened)
+    with console.captured():
+        quiet.judge(only_1, watch, 12.0, on_loop=lambda fn: fn(), hung=hung.append, still=lambda: widened)
     assert hung == []  # rank 2 has not been looked at yet: the next tick does
 
 

@@ -1,5 +1,6 @@
 """podguard's own lines said by its helper threads during a run (here the `--metrics-file` writer's) reach stderr
-while stdout is stalled: the one console (podguard/console.py) never queues them behind the workers' terminal.
+while stdout is stalled: during the run they go to the supervisor's terminal (launch/route.py), and a warning is
+loud, so the stalled-terminal rule (launch/console.py) sends it to stderr too.
 
 A reader that stopped reading stdout (a log collector, a FIFO nobody reads) must not cost the lines that say what
 goes wrong: the job prints 2 MB that nobody reads, podguard says stdout is stalled, then the metrics file is

@@ -18,6 +18,8 @@ import time
 
 from metrics_support import by, free_port, job, parse, start, try_scrape, values, wait_for
 
+from podguard import console
+
 FAST_FILE = {"PODGUARD_METRICS_INTERVAL": "0.05"}
 
 
@@ -110,12 +112,14 @@ def test_a_file_that_cannot_be_written_mid_run_is_one_warning_never_a_failure(cl
         wait_for(lambda: path.is_file(), "writing to resume", proc=proc)
     finally:
         stop.touch()
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "Traceback" not in err
-    warnings = [line for line in err.splitlines() if "cannot be written" in line]
-    assert len(warnings) == 1 and warnings[0].startswith(f"podguard: warning: --metrics-file='{path}'"), err
-    assert f"podguard: --metrics-file='{path}' is written again" in err
+    assert "Traceback" not in out + err
+    # (said by the writer's thread during the run: on the supervisor's terminal, in order with the job's lines)
+    warnings = [line for line in out.splitlines() if "cannot be written" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"podguard: warning: --metrics-file='{path}'"), out
+    assert "cannot be written" not in err, err
+    assert f"podguard: --metrics-file='{path}' is written again" in out.splitlines()
     assert [p.name for p in folder.iterdir()] == ["podguard.prom"]  # no temporary file left behind
     assert values(parse(path.read_text())["podguard_up"]) == {(): 0.0}
 
@@ -136,22 +140,23 @@ def test_a_write_that_never_returns_does_not_hold_the_end_of_the_run(tmp_path):
     from podguard.metrics.state import MetricsState
     from podguard.metrics.textfile import FileWriter
 
-    path, said = tmp_path / "podguard.prom", []
-    registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
-    writer = FileWriter(path, registry, every_s=0.2, say=said.append, close_wait_s=0.5)
-    fifo = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    wait_for(lambda: _mkfifo(fifo), "the FIFO in place between two writes", timeout=5)
-    time.sleep(0.4)  # the thread's next write is blocked in open()
-    closing = threading.Thread(target=writer.close, daemon=True)
-    t0 = time.monotonic()
-    closing.start()
-    closing.join(timeout=5)
-    try:
-        assert not closing.is_alive() and time.monotonic() - t0 < 2.0, "close() must not wait on a stuck write"
-        assert len(said) == 1 and "a write has not returned for 0.5 s" in said[0], said
-    finally:
-        with open(fifo, "rb") as reader:  # let the stuck write finish
-            reader.read()
+    path = tmp_path / "podguard.prom"
+    with console.captured() as said:
+        registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
+        writer = FileWriter(path, registry, every_s=0.2, close_wait_s=0.5)
+        fifo = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        wait_for(lambda: _mkfifo(fifo), "the FIFO in place between two writes", timeout=5)
+        time.sleep(0.4)  # the thread's next write is blocked in open()
+        closing = threading.Thread(target=writer.close, daemon=True)
+        t0 = time.monotonic()
+        closing.start()
+        closing.join(timeout=5)
+        try:
+            assert not closing.is_alive() and time.monotonic() - t0 < 2.0, "close() must not wait on a stuck write"
+            assert len(said) == 1 and "a write has not returned for 0.5 s" in said[0], said
+        finally:
+            with open(fifo, "rb") as reader:  # let the stuck write finish
+                reader.read()
 
 
 def _mkfifo(path) -> bool:
@@ -169,19 +174,20 @@ def test_a_fifo_put_at_the_path_mid_run_is_left_alone_and_said_once(tmp_path):
     from podguard.metrics.state import MetricsState
     from podguard.metrics.textfile import FileWriter
 
-    path, said = tmp_path / "podguard.prom", []
-    registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
-    writer = FileWriter(path, registry, every_s=0.05, say=said.append)
-    try:
-        path.unlink()
-        os.mkfifo(path)
-        wait_for(lambda: writer.error is not None, "a write to meet the FIFO", timeout=10)
-        time.sleep(0.3)  # several more writes
-        assert stat.S_ISFIFO(os.lstat(path).st_mode), "the FIFO must be left alone"
-        assert len(said) == 1 and "it is now a FIFO (named pipe), not a regular file" in said[0], said
-        assert [p.name for p in tmp_path.iterdir()] == ["podguard.prom"]
-        path.unlink()
-        wait_for(lambda: path.is_file(), "writing to resume", timeout=10)
-        assert said[-1] == f"--metrics-file='{path}' is written again"
-    finally:
-        writer.close()
+    path = tmp_path / "podguard.prom"
+    with console.captured() as said:
+        registry = snapshot_registry(MetricsState(version="0", mode="auto", pod_id=""))
+        writer = FileWriter(path, registry, every_s=0.05)
+        try:
+            path.unlink()
+            os.mkfifo(path)
+            wait_for(lambda: writer.error is not None, "a write to meet the FIFO", timeout=10)
+            time.sleep(0.3)  # several more writes
+            assert stat.S_ISFIFO(os.lstat(path).st_mode), "the FIFO must be left alone"
+            assert len(said) == 1 and "it is now a FIFO (named pipe), not a regular file" in said[0], said
+            assert [p.name for p in tmp_path.iterdir()] == ["podguard.prom"]
+            path.unlink()
+            wait_for(lambda: path.is_file(), "writing to resume", timeout=10)
+            assert said[-1] == f"podguard: --metrics-file='{path}' is written again"
+        finally:
+            writer.close()

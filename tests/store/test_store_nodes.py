@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from podguard import console
 from podguard.store.catalog import list_stored, newest_whole
 from podguard.store.connect import open_backend
 from podguard.store.mirror import Mirror
@@ -37,9 +38,9 @@ def backend(s3):
     b.close()
 
 
-def mirrors(backend, dir0: Path, dir1: Path, lines: list[str]) -> tuple[Mirror, Mirror]:
-    m0 = Mirror(backend, str(dir0), keep=2, say=lines.append, poll_s=0.1, role=NodeRole(0, 2))
-    m1 = Mirror(backend, str(dir1), keep=2, say=lines.append, poll_s=0.1, role=NodeRole(1, 2))
+def mirrors(backend, dir0: Path, dir1: Path) -> tuple[Mirror, Mirror]:
+    m0 = Mirror(backend, str(dir0), keep=2, poll_s=0.1, role=NodeRole(0, 2))
+    m1 = Mirror(backend, str(dir1), keep=2, poll_s=0.1, role=NodeRole(1, 2))
     return m0, m1
 
 
@@ -51,36 +52,36 @@ def test_node_local_shards_are_whole_in_the_store_only_once_every_node_reported(
     shard(node1 / "step_100", "__1_0.distcp", 300_000)  # node 1's shard
     shard(node0 / "step_100", "__0_0.distcp", 200_000)
     (node0 / "step_100" / "COMPLETED").write_text("")
-    lines: list[str] = []
-    m0, m1 = mirrors(backend, node0, node1, lines)
-    m0.start()
-    try:  # node 1 is not there yet: node 0 has asked, nothing is whole
-        deadline = time.monotonic() + 30
-        while backend.read_bytes(".podguard-request.json") is None:
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert newest_whole(backend) is None
-        assert [(s.name, s.whole) for s in list_stored(backend)] == [("step_100", False)]
-        m1.start()  # node 1 answers with its shard; then node 0 commits
-        deadline = time.monotonic() + 60
-        while (stored := newest_whole(backend)) is None:
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.1)
-    finally:
-        m0.close()
-        m1.close()
-    assert stored.manifest is not None and stored.manifest.nodes == 2
-    assert sorted(f.path for f in stored.manifest.files) == ["COMPLETED", "__0_0.distcp", "__1_0.distcp"]
-    assert any(line.startswith("stored node 1's files of step_100 in s3://") for line in lines), lines
-    assert any(line.startswith("stored step_100 in s3://") for line in lines), lines
+    with console.captured() as lines:
+        m0, m1 = mirrors(backend, node0, node1)
+        m0.start()
+        try:  # node 1 is not there yet: node 0 has asked, nothing is whole
+            deadline = time.monotonic() + 30
+            while backend.read_bytes(".podguard-request.json") is None:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert newest_whole(backend) is None
+            assert [(s.name, s.whole) for s in list_stored(backend)] == [("step_100", False)]
+            m1.start()  # node 1 answers with its shard; then node 0 commits
+            deadline = time.monotonic() + 60
+            while (stored := newest_whole(backend)) is None:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
+        finally:
+            m0.close()
+            m1.close()
+        assert stored.manifest is not None and stored.manifest.nodes == 2
+        assert sorted(f.path for f in stored.manifest.files) == ["COMPLETED", "__0_0.distcp", "__1_0.distcp"]
+        assert any(line.startswith("podguard: stored node 1's files of step_100 in s3://") for line in lines), lines
+        assert any(line.startswith("podguard: stored step_100 in s3://") for line in lines), lines
 
-    union = {**digest(node0 / "step_100"), **digest(node1 / "step_100")}
-    fresh = tmp_path / "new-node"  # a replaced node: an empty disk
-    restore_checkpoint(backend, stored, str(fresh), say=print)
-    assert digest(fresh / "step_100") == union
-    restore_checkpoint(backend, stored, str(node1), say=print)  # node 1 keeps its shard and gets the rest
-    assert digest(node1 / "step_100") == union
+        union = {**digest(node0 / "step_100"), **digest(node1 / "step_100")}
+        fresh = tmp_path / "new-node"  # a replaced node: an empty disk
+        restore_checkpoint(backend, stored, str(fresh))
+        assert digest(fresh / "step_100") == union
+        restore_checkpoint(backend, stored, str(node1))  # node 1 keeps its shard and gets the rest
+        assert digest(node1 / "step_100") == union
 
 
 def test_a_node_that_never_reports_leaves_the_checkpoint_uncommitted(backend, tmp_path, monkeypatch):
@@ -88,18 +89,18 @@ def test_a_node_that_never_reports_leaves_the_checkpoint_uncommitted(backend, tm
     node0 = tmp_path / "node0"
     shard(node0 / "step_5", "__0_0.distcp", 1000)
     (node0 / "step_5" / "COMPLETED").write_text("")
-    lines: list[str] = []
-    m0 = Mirror(backend, str(node0), keep=2, say=lines.append, poll_s=0.1, role=NodeRole(0, 2))
-    m0.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not any("did not report" in line for line in lines):
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.05)
-    finally:
-        m0.close()
-    assert newest_whole(backend) is None
-    assert any("not storing step_5: node(s) 1 did not report their files of step_5 within 1 s" in x for x in lines)
+    with console.captured() as lines:
+        m0 = Mirror(backend, str(node0), keep=2, poll_s=0.1, role=NodeRole(0, 2))
+        m0.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not any("did not report" in line for line in lines):
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.05)
+        finally:
+            m0.close()
+        assert newest_whole(backend) is None
+        assert any("not storing step_5: node(s) 1 did not report their files of step_5 within 1 s" in x for x in lines)
 
 
 def test_on_a_dir_every_node_shares_nothing_is_copied_twice(backend, tmp_path, monkeypatch):
@@ -108,21 +109,21 @@ def test_on_a_dir_every_node_shares_nothing_is_copied_twice(backend, tmp_path, m
     shard(shared / "step_7", "__0_0.distcp", 100_000)
     shard(shared / "step_7", "__1_0.distcp", 100_000)
     (shared / "step_7" / "COMPLETED").write_text("")
-    lines: list[str] = []
-    m0, m1 = mirrors(backend, shared, shared, lines)
-    m1.start()
-    m0.start()
-    try:
-        deadline = time.monotonic() + 60
-        while (stored := newest_whole(backend)) is None:
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.1)
-    finally:
-        m0.close()
-        m1.close()
-    assert sorted(f.path for f in stored.manifest.files) == ["COMPLETED", "__0_0.distcp", "__1_0.distcp"]
-    assert m1.uploaded_bytes == 0  # node 1 held nothing node 0 had not stored already
-    assert "stored node 1's files of step_7 in" in "\n".join(lines)
+    with console.captured() as lines:
+        m0, m1 = mirrors(backend, shared, shared)
+        m1.start()
+        m0.start()
+        try:
+            deadline = time.monotonic() + 60
+            while (stored := newest_whole(backend)) is None:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
+        finally:
+            m0.close()
+            m1.close()
+        assert sorted(f.path for f in stored.manifest.files) == ["COMPLETED", "__0_0.distcp", "__1_0.distcp"]
+        assert m1.uploaded_bytes == 0  # node 1 held nothing node 0 had not stored already
+        assert "stored node 1's files of step_7 in" in "\n".join(lines)
 
 
 def test_a_rank_0_only_save_is_committed_once_the_other_node_said_it_holds_nothing(backend, tmp_path, monkeypatch):
@@ -134,19 +135,19 @@ def test_a_rank_0_only_save_is_committed_once_the_other_node_said_it_holds_nothi
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     folder = hf_like(node0, 40)
     node1.mkdir()
-    lines: list[str] = []
-    m0, m1 = mirrors(backend, node0, node1, lines)
-    m0.start()
-    m1.start()
-    try:
-        deadline = time.monotonic() + 60
-        while (stored := newest_whole(backend)) is None:
-            assert time.monotonic() < deadline, lines
-            time.sleep(0.1)
-    finally:
-        m0.close()
-        m1.close()
-    assert stored.name == "checkpoint-40" and stored.manifest.nodes == 2
-    assert m1.uploaded_bytes == 0
-    restore_checkpoint(backend, stored, str(node1), say=print)
-    assert digest(node1 / "checkpoint-40") == digest(folder)
+    with console.captured() as lines:
+        m0, m1 = mirrors(backend, node0, node1)
+        m0.start()
+        m1.start()
+        try:
+            deadline = time.monotonic() + 60
+            while (stored := newest_whole(backend)) is None:
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
+        finally:
+            m0.close()
+            m1.close()
+        assert stored.name == "checkpoint-40" and stored.manifest.nodes == 2
+        assert m1.uploaded_bytes == 0
+        restore_checkpoint(backend, stored, str(node1))
+        assert digest(node1 / "checkpoint-40") == digest(folder)

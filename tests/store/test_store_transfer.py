@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from ckptfiles import hf_like, torch_file
 
+from podguard import console
 from podguard.checkpoints import find_checkpoints
 from podguard.store.backend import Cancelled
 from podguard.store.catalog import list_stored, newest_whole
@@ -83,7 +84,7 @@ def test_files_go_first_and_the_manifest_last_then_a_new_pod_restores_it_byte_fo
     stored = newest_whole(backend)
     assert stored is not None and stored.name == "checkpoint-5" and stored.whole
     pod2 = tmp_path / "pod2"  # a new pod: DIR does not even exist
-    path = restore_checkpoint(backend, stored, str(pod2), say=print)
+    path = restore_checkpoint(backend, stored, str(pod2))
     assert path == str(pod2 / "checkpoint-5")
     assert digest(pod2 / "checkpoint-5") == digest(folder)
     again = find_checkpoints(pod2).chosen  # the finder sees it as it was written: same step, mtime, size
@@ -106,7 +107,7 @@ def test_a_single_file_checkpoint_is_stored_beside_its_manifest(store, tmp_path)
     folders, files = backend.list_top()
     assert set(files) == {"step-9.pt", "step-9.pt.podguard-manifest.json"} and not folders
     stored = newest_whole(backend)
-    restore_checkpoint(backend, stored, str(tmp_path / "pod2"), say=print)
+    restore_checkpoint(backend, stored, str(tmp_path / "pod2"))
     assert digest(tmp_path / "pod2" / "step-9.pt") == digest(pod1 / "step-9.pt")
 
 
@@ -118,7 +119,7 @@ def test_a_file_above_the_multipart_threshold_goes_in_parts_and_comes_back_whole
     upload_checkpoint(backend, find_checkpoints(pod1).chosen, str(pod1), progress=lambda n: None)
     head = server.client().head_object(Bucket=bucket, Key="big/checkpoint-3/extra.dat")
     assert head["ETag"].strip('"').endswith("-3")  # S3's multipart ETag: md5-of-parts "-<parts>"
-    restore_checkpoint(backend, newest_whole(backend), str(tmp_path / "pod2"), say=print)
+    restore_checkpoint(backend, newest_whole(backend), str(tmp_path / "pod2"))
     assert digest(tmp_path / "pod2" / "checkpoint-3") == digest(folder)
 
 
@@ -177,7 +178,7 @@ def test_an_upload_killed_half_way_is_never_restored(store, tmp_path):
     assert [(s.name, s.whole) for s in stored] == [("checkpoint-2", False), ("checkpoint-1", True)]
     assert "no manifest" in stored[0].why
     pod2 = tmp_path / "pod2"
-    restore_checkpoint(backend, newest_whole(backend), str(pod2), say=print)
+    restore_checkpoint(backend, newest_whole(backend), str(pod2))
     assert [p.name for p in pod2.iterdir()] == ["checkpoint-1"]
 
 
@@ -186,25 +187,25 @@ def test_store_keep_deletes_older_checkpoints_only_after_a_newer_one_is_whole(st
 
     url, backend = store
     pod1 = tmp_path / "pod1"
-    lines: list[str] = []
-    mirror = Mirror(backend, str(pod1), keep=2, say=lines.append, poll_s=0.1)
-    mirror.start()
-    try:
-        for step in (1, 2, 3):
-            hf_like(pod1, step)
-            checkpoint = find_checkpoints(pod1).chosen
-            assert mirror.wait_for(checkpoint, 60), lines
-            want = [f"checkpoint-{s}" for s in range(step, max(0, step - 2), -1)]
-            deadline = time.monotonic() + 30  # (the older ones go right after the newer one is whole)
-            while (names := [s.name for s in list_stored(backend) if s.whole]) != want:
-                assert time.monotonic() < deadline, (names, lines)
-                time.sleep(0.05)
-    finally:
-        mirror.close()
-    assert any(line.startswith(f"stored checkpoint-3 in {url} (") for line in lines), lines
-    assert f"store {url}: removed checkpoint-1 (--store-keep 2)" in lines
-    folders, _files = backend.list_top()
-    assert folders == {"checkpoint-2", "checkpoint-3"}  # checkpoint-1's files went with its manifest
+    with console.captured() as lines:
+        mirror = Mirror(backend, str(pod1), keep=2, poll_s=0.1)
+        mirror.start()
+        try:
+            for step in (1, 2, 3):
+                hf_like(pod1, step)
+                checkpoint = find_checkpoints(pod1).chosen
+                assert mirror.wait_for(checkpoint, 60), lines
+                want = [f"checkpoint-{s}" for s in range(step, max(0, step - 2), -1)]
+                deadline = time.monotonic() + 30  # (the older ones go right after the newer one is whole)
+                while (names := [s.name for s in list_stored(backend) if s.whole]) != want:
+                    assert time.monotonic() < deadline, (names, lines)
+                    time.sleep(0.05)
+        finally:
+            mirror.close()
+        assert any(line.startswith(f"podguard: stored checkpoint-3 in {url} (") for line in lines), lines
+        assert f"podguard: store {url}: removed checkpoint-1 (--store-keep 2)" in lines
+        folders, _files = backend.list_top()
+        assert folders == {"checkpoint-2", "checkpoint-3"}  # checkpoint-1's files went with its manifest
 
 
 def test_the_manifest_names_every_file_with_its_size_and_crc32(store, tmp_path):
@@ -236,7 +237,7 @@ def test_a_restore_killed_before_its_rename_leaves_a_hidden_folder_the_next_rest
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"half")
     assert find_checkpoints(pod2).checkpoints == ()  # the finder never takes it for a checkpoint
-    restore_checkpoint(backend, newest_whole(backend), str(pod2), say=print)
+    restore_checkpoint(backend, newest_whole(backend), str(pod2))
     assert sorted(p.name for p in pod2.iterdir()) == ["checkpoint-8"]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from podguard import console
 from podguard.demo import data as demo_data
 from podguard.demo import require_torch
 from podguard.demo.checkpoint import DemoCheckpoints
@@ -195,9 +196,8 @@ def _load_data(run: _Run) -> None:
     config, rank, world = run.config, run.ctx.rank, run.ctx.world_size
     spec = demo_data.SyntheticDataset(config.samples, config.input_dim, config.classes, config.seed)
     cache_root = Path(run.args.cache_dir) if run.args.cache_dir else _state_subdir("cache")
-    prepared = prepare_once(
-        spec, cache_root=cache_root, key_parts=spec.key_parts(), progress=lambda line: emit(f"[rank {rank}] {line}")
-    )
+    with console.tagged(f"rank {rank}"):  # 'podguard: rank 0: prepare ...'
+        prepared = prepare_once(spec, cache_root=cache_root, key_parts=spec.key_parts())
     emit(
         f"[rank {rank}] DATA: {'cache hit' if prepared.cache_hit else 'prepared'} ({prepared.prepared_by}) "
         f"{prepared.path} waited {prepared.waited_s:.2f}s ran {prepared.run_s:.2f}s"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from podguard import console
 from podguard.checkpoints import find_checkpoints, list_keys
 from podguard.durations import format_duration
 from podguard.guards.targets import catches, save_targets
@@ -105,7 +106,7 @@ class SaveBeforeStop:
             self.note = f"no save request ({name}): no training process to ask"
             return False
         self._sup, self._done, self._started = sup, done, time.monotonic()
-        sup.message(
+        console.say(
             f"asking the job to save before it is stopped: {name} to {sent} process(es); waiting up to "
             f"{format_duration(s.grace_s)} for a new whole checkpoint in {s.directory}"
         )

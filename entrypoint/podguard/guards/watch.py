@@ -1,6 +1,6 @@
 """The guards' state: when each fires, checked on the supervisor's loop during the job and in the idle wait after it.
 
-    guards = open_guards(settings, say)          # None when no guard is set; reads the pod's budget once
+    guards = open_guards(settings)               # None when no guard is set; reads the pod's budget once
     guards.watch_gpus(selection.indices)         # what the idle guard samples ([] = CPU only: one warning)
     run_job(specs, watch=guards.supervised())    # timers on the supervisor's loop; a trip ends the job (124)
     guards.tripped                               # the Trip that fired, or None
@@ -12,11 +12,12 @@ only `--idle-stop` samples, every PODGUARD_GUARD_INTERVAL seconds (default 10), 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.durations import format_duration
 from podguard.errors import ExitCode
 from podguard.gpu.backend import NvmlUnavailable
@@ -56,10 +57,9 @@ class Phase(StrEnum):
 
 
 class GuardWatch:
-    def __init__(self, settings: GuardSettings, budget: Budget | None, say: Callable[[str], None]) -> None:
+    def __init__(self, settings: GuardSettings, budget: Budget | None) -> None:
         self.settings = settings
         self.budget = budget
-        self.say = say
         self.phase: Phase | None = None
         self.job_started: float | None = None
         self.tripped: Trip | None = None
@@ -82,7 +82,7 @@ class GuardWatch:
             indices = range(backend.device_count())
         if backend is None or not indices:
             self._sampler = None
-            self._warn_once("cpu", "warning: --idle-stop is ignored: this run has no GPU to watch (CPU only)")
+            self._warn_once("cpu", "--idle-stop is ignored: this run has no GPU to watch (CPU only)")
             return
         self._sampler = UtilizationSampler(backend, list(indices))
 
@@ -91,7 +91,7 @@ class GuardWatch:
             try:
                 self._backend = open_backend()
             except NvmlUnavailable as exc:
-                self._warn_once("nvml", f"warning: --idle-stop cannot read the GPUs ({exc.message}); it is off")
+                self._warn_once("nvml", f"--idle-stop cannot read the GPUs ({exc.message}); it is off")
         return self._backend
 
     def close(self) -> None:
@@ -162,9 +162,7 @@ class GuardWatch:
         unknown = [i for i, u in zip(sampler.indices, sample, strict=True) if u is None]
         if unknown:
             gpus = ", ".join(f"GPU{i}" for i in unknown)
-            self._warn_once(
-                "unknown", f"warning: NVML cannot read the utilisation of {gpus}: --idle-stop counts it as busy"
-            )
+            self._warn_once("unknown", f"NVML cannot read the utilisation of {gpus}: --idle-stop counts it as busy")
         idle_for = self._tracker.update(sample, now)
         if idle_for < limit:
             return None
@@ -179,7 +177,7 @@ class GuardWatch:
     def _warn_once(self, key: str, text: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            self.say(text)
+            console.warn(text)
 
     # -- how it is shown and run ----------------------------------------------------------------------------
     def describe(self) -> str:
@@ -254,12 +252,12 @@ class SupervisedGuards:
         self._sup = None
 
 
-def open_guards(settings: GuardSettings, say: Callable[[str], None]) -> GuardWatch | None:
+def open_guards(settings: GuardSettings) -> GuardWatch | None:
     """The guards, or None when none is set. `--max-cost` reads this pod's cost and start from the API here
     (retried like every API call; a failure is the API's exit code, before anything runs)."""
     if not settings.active:
         return None
     budget = None
     if settings.max_cost_usd is not None:
-        budget = read_budget(thispod.pod_id(), say)
-    return GuardWatch(settings, budget, say)
+        budget = read_budget(thispod.pod_id())
+    return GuardWatch(settings, budget)

@@ -98,11 +98,11 @@ def run_attempt(
         env.update(handoff.before())  # says `resuming from ...` (or `no checkpoint yet in DIR`)
     if checkpoints is not None and checkpoints.save_signal is not None:  # the callbacks (integrations/) listen
         env["PODGUARD_SAVE_SIGNAL"] = signal.Signals(checkpoints.save_signal).name
-    mode = _pick_mode(cfg, selection, say=attempt == 0)
+    mode = _pick_mode(cfg, selection, announce=attempt == 0)
     if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
         for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
             console.say(warning)
-    runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir, say=console.line)
+    runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None
     try:
@@ -121,7 +121,7 @@ def run_attempt(
             env["MASTER_PORT"] = str(port)
             if not os.environ.get("MASTER_ADDR"):
                 env["MASTER_ADDR"] = cfg.options.master_addr or "127.0.0.1"
-        cfg = _lease_to_accelerate(cfg, port, say=attempt == 0)
+        cfg = _lease_to_accelerate(cfg, port, announce=attempt == 0)
         if cfg.prepare_argv is not None:
             env.update(_prepare(cfg, base, env))
         watches: list[Watch | None] = [runtime]
@@ -158,7 +158,7 @@ def _joined(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobConfig:
+def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, announce: bool) -> JobConfig:
     """`accelerate launch` takes its port only from --main_process_port (job/accelerate.py): give it the lease."""
     if port is None:  # no lease: the user's own MASTER_PORT, which accelerate would ignore as well
         raw = os.environ.get("MASTER_PORT", "").strip()
@@ -168,7 +168,7 @@ def _lease_to_accelerate(cfg: JobConfig, port: int | None, *, say: bool) -> JobC
     argv = with_main_process_port(cfg.argv, port)
     if argv == cfg.argv:
         return cfg
-    if say:
+    if announce:
         console.say(f"accelerate launch: --main_process_port {port} (the port podguard leased for this job)")
     return replace(cfg, argv=argv)
 
@@ -234,15 +234,15 @@ def _run_dir(base: Path) -> Path:
         return fallback
 
 
-def _pick_mode(cfg: JobConfig, selection: Selection, *, say: bool = True) -> LaunchMode:
+def _pick_mode(cfg: JobConfig, selection: Selection, *, announce: bool = True) -> LaunchMode:
     if cfg.mode is not LaunchMode.AUTO:
         return cfg.mode
     if cfg.multi_node:
-        if say:
+        if announce:
             console.say(f"mode auto -> torchrun: {cfg.options.nnodes} nodes (one rank per GPU on each)")
         return LaunchMode.TORCHRUN
     choice = pick_mode(cfg.argv, selection)
-    if say:
+    if announce:
         console.say(choice.reason)
     return LaunchMode(choice.mode)
 

@@ -356,13 +356,13 @@ def _open_metrics(settings: JobSettings) -> Metrics | None:
 def _handoff(settings: JobSettings) -> Handoff | None:
     if settings.checkpoints is None:
         return None
-    return Handoff(settings.checkpoints.folder, console.line)
+    return Handoff(settings.checkpoints.folder)
 
 
 def _open_guards(settings: JobSettings) -> GuardWatch | None:
     if settings.guards is None:
         return None
-    return open_guards(settings.guards, lambda text: console.line(f"podguard: {text}"))
+    return open_guards(settings.guards)
 
 
 def _selection_check(cfg: JobConfig) -> Callable[[Selection], None]:

@@ -1,7 +1,7 @@
 """`--checkpoints DIR` around each attempt: before it, the newest whole checkpoint handed to the job; after it,
 the newest one at its end and whether the attempt wrote a new one (progress, for the crash-loop rule).
 
-    handoff = Handoff(Path("/workspace/ckpt"), say)
+    handoff = Handoff(Path("/workspace/ckpt"))
     env = handoff.before()          # PODGUARD_CHECKPOINTS, PODGUARD_RESUME_FROM/_STEP; says `resuming from ...`
     seen = handoff.after()          # AttemptCheckpoints(started, newest, saved); seen.fragment() for END and RESTART
 
@@ -15,11 +15,11 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.checkpoints import (
     ENV_RESUME_FROM,
     ENV_RESUME_STEP,
@@ -57,9 +57,8 @@ class AttemptCheckpoints:
 
 
 class Handoff:
-    def __init__(self, directory: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = Path(os.path.abspath(directory))
-        self.say = say
         self._started: Checkpoint | None = None
         self._listed_before: frozenset[Key] = frozenset()
         self.store: StoreSync | None = None  # --checkpoint-store (job/store.py)
@@ -80,14 +79,12 @@ class Handoff:
     def before(self) -> dict[str, str]:
         finding, unreadable = self._find(frozenset())
         if unreadable:  # never 64: the job may still save there (another user's folder, a volume mounted later)
-            self.say(
-                f"podguard: warning: cannot read --checkpoints {self.directory} ({unreadable}): starting from scratch"
-            )
+            console.warn(f"cannot read --checkpoints {self.directory} ({unreadable}): starting from scratch")
         else:
             if self.store is not None:  # a newer whole checkpoint in the store is restored into DIR first
                 finding = self.store.restore(finding, self.find)
             for line in resume_lines(finding, time.time()):
-                self.say(f"podguard: {line}")
+                console.say(line)
         self._started = finding.chosen
         self._listed_before = finding.keys
         for name in (ENV_RESUME_FROM, ENV_RESUME_STEP):  # unset unless handed over (the workers inherit ours)

@@ -92,16 +92,8 @@ class StoreSync:
         self.directory = os.path.abspath(directory)
         self.backend = open_backend(url)
         self.quick = self.backend if url.scheme == "file" else open_backend(url, attempts=RESTORE_ATTEMPTS)
-        self.mirror = Mirror(self.backend, self.directory, keep=keep, say=self._line, publish=publish, role=role)
+        self.mirror = Mirror(self.backend, self.directory, keep=keep, publish=publish, role=role)
         self.reachable = True
-
-    def _line(self, text: str) -> None:
-        """A line of the store's (the mirror's thread too; the console writes each line whole): its warnings are
-        warnings, never kept back by PODGUARD_QUIET."""
-        if text.startswith("warning: "):
-            console.warn(text.removeprefix("warning: "))
-        else:
-            console.say(text)
 
     def check(self) -> None:
         """UsageError (64) when the store cannot work; a warning when it does not answer now."""
@@ -109,8 +101,8 @@ class StoreSync:
             self.quick.check()
         except StoreError as exc:
             self.reachable = False
-            self._line(
-                f"warning: the checkpoint store does not answer now ({exc}); the job goes on, podguard tries the "
+            console.warn(
+                f"the checkpoint store does not answer now ({exc}); the job goes on, podguard tries the "
                 "store again in the background"
             )
 
@@ -129,7 +121,7 @@ class StoreSync:
         try:
             stored = newest_whole(self.quick)
         except StoreError as exc:
-            self._line(f"warning: cannot list the checkpoint store {self.url} ({exc}); resuming from what DIR holds")
+            console.warn(f"cannot list the checkpoint store {self.url} ({exc}); resuming from what DIR holds")
             return finding
         if stored is None or stored.manifest is None:
             self.mirror.note_listed(None)
@@ -147,14 +139,14 @@ class StoreSync:
         assert m is not None
         t0 = time.monotonic()
         try:
-            restore_checkpoint(self.quick, stored, self.directory, say=self._line)
+            restore_checkpoint(self.quick, stored, self.directory)
         except RestoreError as exc:
             fallback = finding.chosen.path if finding.chosen is not None else "none: the job starts from scratch"
-            self._line(f"warning: could not restore {m.name} from {self.url}: {exc}; falling back to {fallback}")
+            console.warn(f"could not restore {m.name} from {self.url}: {exc}; falling back to {fallback}")
             return finding
         step = f" (step {m.step})" if m.step is not None else ""
         took = took_text(time.monotonic() - t0)
-        self._line(f"restored {m.name}{step} from {self.url}: {format_size(m.bytes)} in {took}")
+        console.say(f"restored {m.name}{step} from {self.url}: {format_size(m.bytes)} in {took}")
         self.mirror.note_restored(m)
         return find()
 
@@ -178,10 +170,10 @@ class StoreSync:
         if pending is None:
             return
         name = self._name(pending)
-        self._line(f"waiting up to {format_duration(timeout_s)} for {name} to reach {self.url}")
+        console.say(f"waiting up to {format_duration(timeout_s)} for {name} to reach {self.url}")
         if not self.mirror.wait_for(pending, timeout_s):
             took = format_duration(timeout_s)
-            self._line(f"warning: {name} is not in {self.url}: its upload did not finish within {took}")
+            console.warn(f"{name} is not in {self.url}: its upload did not finish within {took}")
 
     def _pending_after_a_look(self) -> Checkpoint | None:
         """The mirror's pending checkpoint once it has looked at DIR since now (bounded: a few polls)."""

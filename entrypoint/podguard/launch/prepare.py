@@ -20,7 +20,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, UsageError, signal_exit_code
 from podguard.launch.prepare_stale import TMP_PREFIX, clean_stale
 from podguard.redact import redact_command, redact_env
@@ -50,7 +50,6 @@ STAMP_NAME = ".podguard-prepared.json"
 _KEY_VERSION = 1  # bump when the key's recipe changes, so old caches are not mistaken for new ones
 
 Command = Sequence[str] | Callable[[Path], Any]
-Progress = Callable[[str], None]
 
 
 class PreparedBy(StrEnum):
@@ -89,7 +88,6 @@ def prepare_once(
     cache_root: str | os.PathLike[str],
     key_parts: Mapping[str, Any],
     env: Mapping[str, str] | None = None,
-    progress: Progress | None = None,
     shared_storage: bool = False,
     node_rank: int | None = None,
     wait_timeout_s: float = 3600.0,
@@ -98,14 +96,13 @@ def prepare_once(
     """Make sure `<cache_root>/<key>/` holds the complete output of `command`, running it at most once.
 
     command: an argv list (run with the env plus PODGUARD_PREPARE_DIR/KEY; its output goes to ours) or
-    a callable taking the directory to write. progress: receives human-readable lines (default: stderr).
+    a callable taking the directory to write. Its progress lines are podguard lines (console: stderr).
     shared_storage/node_rank: when the cache is shared between nodes, only node 0 (NODE_RANK/GROUP_RANK
     from the env by default) prepares; other nodes wait up to wait_timeout_s for its stamp.
     Raises UsageError (64) for bad arguments, PrepareError with the command's exit code when it fails,
     or with 75 when waiting for node 0 or for a lock times out.
     """
     started = time.monotonic()
-    say = progress or _default_progress
     _validate(command, key_parts, wait_timeout_s, progress_every_s)
     root = Path(cache_root)
     try:
@@ -119,15 +116,15 @@ def prepare_once(
         return PrepareResult(key, final, True, PreparedBy.CACHE, 0.0, 0.0, time.monotonic() - started, stamp)
     node = _node_rank() if node_rank is None else node_rank
     if shared_storage and node != 0:
-        return _wait_for_node0(key, final, started, say, wait_timeout_s, progress_every_s, node)
-    with _key_lock(root, key, say, progress_every_s, wait_timeout_s) as waited:
+        return _wait_for_node0(key, final, started, wait_timeout_s, progress_every_s, node)
+    with _key_lock(root, key, progress_every_s, wait_timeout_s) as waited:
         stamp = _read_stamp(final, key)  # the process we waited for may have done it
         if stamp is not None:
-            say(f"prepare {key}: done by another process while we waited {waited:.1f}s; using it")
+            console.say(f"prepare {key}: done by another process while we waited {waited:.1f}s; using it")
             total = time.monotonic() - started
             return PrepareResult(key, final, True, PreparedBy.ANOTHER_PROCESS, waited, 0.0, total, stamp)
-        clean_stale(root, key, say, has_stamp=lambda folder: _read_stamp(folder, key) is not None)
-        result = _prepare(command, key, key_parts, final, env, say)
+        clean_stale(root, key, has_stamp=lambda folder: _read_stamp(folder, key) is not None)
+        result = _prepare(command, key, key_parts, final, env)
         return replace(result, waited_s=waited, total_s=time.monotonic() - started)
 
 
@@ -141,12 +138,11 @@ def _prepare(
     key_parts: Mapping[str, Any],
     final: Path,
     env: Mapping[str, str] | None,
-    say: Progress,
 ) -> PrepareResult:
     tmp = final.with_name(f"{TMP_PREFIX}{key}-{unique_suffix()}")
     tmp.mkdir()
     try:
-        say(f"prepare {key}: running {_describe(command)} -> {final}")
+        console.say(f"prepare {key}: running {_describe(command)} -> {final}")
         run_started = time.monotonic()
         _run(command, tmp, key, env)
         run_s = time.monotonic() - run_started
@@ -168,9 +164,9 @@ def _prepare(
         raise
     if published is not None:  # another pod on the same volume was faster: use its result
         shutil.rmtree(tmp, ignore_errors=True)
-        say(f"prepare {key}: another host published it first; using its result and dropping ours")
+        console.say(f"prepare {key}: another host published it first; using its result and dropping ours")
         return PrepareResult(key, final, True, PreparedBy.ANOTHER_HOST, 0.0, run_s, 0.0, published)
-    say(f"prepare {key}: done in {run_s:.2f}s")
+    console.say(f"prepare {key}: done in {run_s:.2f}s")
     return PrepareResult(key, final, False, PreparedBy.THIS_PROCESS, 0.0, run_s, 0.0, stamp)
 
 
@@ -211,33 +207,33 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def _key_lock(root: Path, key: str, say: Progress, every_s: float, timeout_s: float) -> Iterator[float]:
+def _key_lock(root: Path, key: str, every_s: float, timeout_s: float) -> Iterator[float]:
     """Hold the key's flock (yields the seconds waited). On a volume that refuses flock (ENOLCK on NFS
     without a lock daemon), lock in a host-local folder instead: processes of this host still take
     turns, and pods sharing the volume are kept apart by the atomic publish."""
     fd = open_lock(root / f".{key}.lock")
     try:
         try:
-            waited = _wait_lock(fd, key, say, every_s, timeout_s)
+            waited = _wait_lock(fd, key, every_s, timeout_s)
         except NoFlock:
             os.close(fd)
             fd = -1
-            say(f"prepare {key}: {root} has no file locks (a network volume?); locking on this host only")
+            console.say(f"prepare {key}: {root} has no file locks (a network volume?); locking on this host only")
             fd = open_lock(local_lock_dir("prepare") / f"{key}.lock")
-            waited = _wait_lock(fd, key, say, every_s, timeout_s)
+            waited = _wait_lock(fd, key, every_s, timeout_s)
         yield waited
     finally:
         if fd >= 0:
             os.close(fd)  # releases the flock
 
 
-def _wait_lock(fd: int, key: str, say: Progress, every_s: float, timeout_s: float) -> float:
+def _wait_lock(fd: int, key: str, every_s: float, timeout_s: float) -> float:
     """Take the flock; while another process prepares, report progress now and then. Polls (short
     capped backoff) rather than blocking in the kernel, so that the wait has a deadline."""
     start = time.monotonic()
     if try_flock(fd):
         return 0.0
-    say(f"prepare {key}: another process is preparing it; waiting")
+    console.say(f"prepare {key}: another process is preparing it; waiting")
     next_report = start + every_s
     delay = 0.01
     while not try_flock(fd):
@@ -249,7 +245,7 @@ def _wait_lock(fd: int, key: str, say: Progress, every_s: float, timeout_s: floa
                 ExitCode.GPUS_BUSY,
             )
         if now >= next_report:
-            say(f"prepare {key}: still waiting for another process ({now - start:.0f}s)")
+            console.say(f"prepare {key}: still waiting for another process ({now - start:.0f}s)")
             next_report = now + every_s
         time.sleep(min(delay, max(0.0, start + timeout_s - now)))
         delay = min(delay * 2, 0.2)
@@ -360,10 +356,10 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _wait_for_node0(
-    key: str, final: Path, started: float, say: Progress, timeout_s: float, every_s: float, node: int
+    key: str, final: Path, started: float, timeout_s: float, every_s: float, node: int
 ) -> PrepareResult:
     """Another node prepares into shared storage: poll for its stamp (short capped backoff, deadline)."""
-    say(f"prepare {key}: node {node} waits for node 0 to prepare {final} (timeout {timeout_s:.0f}s)")
+    console.say(f"prepare {key}: node {node} waits for node 0 to prepare {final} (timeout {timeout_s:.0f}s)")
     deadline = started + timeout_s
     next_report = time.monotonic() + every_s
     delay = 0.02
@@ -376,12 +372,12 @@ def _wait_for_node0(
                 ExitCode.GPUS_BUSY,
             )
         if now >= next_report:
-            say(f"prepare {key}: still waiting for node 0 ({now - started:.0f}s of {timeout_s:.0f}s)")
+            console.say(f"prepare {key}: still waiting for node 0 ({now - started:.0f}s of {timeout_s:.0f}s)")
             next_report = now + every_s
         time.sleep(max(0.0, min(delay, deadline - now)))
         delay = min(delay * 2, 0.5)
     waited = time.monotonic() - started
-    say(f"prepare {key}: node 0 finished; waited {waited:.1f}s")
+    console.say(f"prepare {key}: node 0 finished; waited {waited:.1f}s")
     return PrepareResult(key, final, True, PreparedBy.NODE0, waited, 0.0, waited, stamp)
 
 
@@ -393,8 +389,3 @@ def _node_rank() -> int:
                 raise UsageError(f"{name}={raw!r} is not valid; it must be an integer >= 0")
             return int(raw)
     return 0
-
-
-def _default_progress(line: str) -> None:
-    sys.stderr.write(f"[podguard] {line}\n")
-    sys.stderr.flush()

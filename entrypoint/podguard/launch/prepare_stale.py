@@ -1,6 +1,6 @@
 """What interrupted prepare runs left in a cache root, and when it is safe to remove it.
 
-    clean_stale(root, key, say, has_stamp=lambda folder: ...)  # under the key's lock, before a new run
+    clean_stale(root, key, has_stamp=lambda folder: ...)  # under the key's lock, before a new run
 
 A lock on a network volume may be host-local, so holding it says nothing about other pods: a temp folder
 goes only when the process on this host that made it is gone, or when nothing in it changed for
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from podguard import console
 from podguard.procfs import pid_exists
 from podguard.state import host_id, unique_suffix
 
@@ -26,17 +27,15 @@ TRASH_PREFIX = ".trash-"
 STALE_TEMP_S = 24 * 3600.0  # a temp folder of another pod that long untouched is abandoned
 
 
-def clean_stale(
-    root: Path, key: str, say: Callable[[str], None], *, has_stamp: Callable[[Path], bool], now: float | None = None
-) -> None:
+def clean_stale(root: Path, key: str, *, has_stamp: Callable[[Path], bool], now: float | None = None) -> None:
     """Remove the key's abandoned temp folders and an unstamped (half-made) result folder."""
     for prefix in (TMP_PREFIX, TRASH_PREFIX):
         for leftover in sorted(root.glob(f"{prefix}{key}-*")):
             why = _stale_reason(leftover, prefix, key, now)
             if why is not None:
-                say(f"prepare {key}: removing {leftover.name} ({why})")
+                console.say(f"prepare {key}: removing {leftover.name} ({why})")
                 _remove(leftover)
-    _remove_unstamped(root / key, key, say, has_stamp)
+    _remove_unstamped(root / key, key, has_stamp)
 
 
 def temp_owner(name: str, prefix: str, key: str) -> tuple[str, int] | None:
@@ -58,7 +57,7 @@ def _stale_reason(path: Path, prefix: str, key: str, now: float | None) -> str |
     return None
 
 
-def _remove_unstamped(final: Path, key: str, say: Callable[[str], None], has_stamp: Callable[[Path], bool]) -> None:
+def _remove_unstamped(final: Path, key: str, has_stamp: Callable[[Path], bool]) -> None:
     """A result folder without a stamp is debris (a run killed between its rename and its stamp, by an
     older podguard that stamped last). Move it aside first and look again: if it is complete after all,
     put it back; only then delete it."""
@@ -74,7 +73,7 @@ def _remove_unstamped(final: Path, key: str, say: Callable[[str], None], has_sta
             os.rename(trash, final)
         if not os.path.lexists(trash):
             return
-    say(f"prepare {key}: removing {final} (no stamp: an interrupted run)")
+    console.say(f"prepare {key}: removing {final} (no stamp: an interrupted run)")
     _remove(trash)
 
 

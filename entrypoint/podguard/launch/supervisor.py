@@ -9,6 +9,7 @@ that fails is the root cause and every other worker's group gets SIGTERM, SIGKIL
 SIGTERM/SIGINT/SIGHUP to podguard are forwarded the same way and end the job with 128+N; SIGUSR1/2 are
 passed through. Leftover descendants are reaped and stopped (`orphans.py`); if podguard itself is
 killed, a per-job watchdog stops the job (`watchdog.py`); output is written off the loop (`sinks.py`).
+Every podguard line of the run, from any thread, goes to the terminal with the workers' lines (`route.py`).
 The rules and their reasons: docs/supervisor.md.
 """
 
@@ -22,11 +23,13 @@ import time
 from collections.abc import Callable, Collection
 from typing import BinaryIO, Protocol, TextIO
 
+from podguard import console
 from podguard.errors import DEFAULT_GRACE_S, ExitCode, UsageError, signal_exit_code
 from podguard.launch.loop import EventLoop, Timer
 from podguard.launch.orphans import Orphans, describe_pids, set_subreaper, stop_helpers
 from podguard.launch.printer import LineCallback, Printer, Stream
 from podguard.launch.process import Worker, start_worker
+from podguard.launch.route import TerminalRoute
 from podguard.launch.shutdown import KillSequence
 from podguard.launch.signals import PASSED_THROUGH, TERMINATING, SignalRouter, signal_name
 from podguard.launch.spec import JobOutcome, WorkerExit, WorkerSpec
@@ -141,12 +144,6 @@ class Supervisor:
         """Run `fn` in the loop's thread soon; safe to call from any thread."""
         self._loop.call_from_thread(fn)
 
-    def message(self, text: str, *, loud: bool = False) -> None:
-        """A podguard line in the output, in order with the workers' lines. `loud` (a hang, a fault, the job's end):
-        it also reaches stderr when stdout is stalled (console.py)."""
-        for line in text.splitlines() or [""]:
-            self.printer.message(f"podguard: {line}", loud=loud)
-
     def fail(self, worker: str | None, code: int, detail: str, *, grace_s: float | None = None) -> None:
         """Declare the job failed (e.g. a role that never became ready) and stop everything; `grace_s` shortens
         the grace before SIGKILL (a hung job: its end has a deadline), also for a shutdown already under way (a
@@ -160,7 +157,7 @@ class Supervisor:
             self._root = worker
             self._root_code = code
             self._root_detail = detail
-            self.message(f"{detail}; stopping {self._live_count()} worker(s)", loud=True)
+            console.say(f"{detail}; stopping {self._live_count()} worker(s)", loud=True)
         self.stop()
 
     def end_with(self, code: int, detail: str) -> None:
@@ -195,30 +192,33 @@ class Supervisor:
         for worker in self.workers.values():  # started before run()
             self._watchdog.watch_group(worker.pid)
         self._loop.add_reader(self._sigs.rfd, "signals", pausable=False)
-        try:
-            self._controller.on_start(self)
-            if self._watch is not None:
-                self._watch.start(self)
-            self._reap()  # something may have exited before the handler existed
-            self._run_loop()
-            return self._finish()
-        except BaseException:
-            self.kill_now()
-            stop_helpers()
-            self._reap_after_kill()
-            raise
-        finally:
-            if self._watch is not None:
-                self._watch.close()
-            self._controller.close()
-            self._watchdog.close()
-            self._sigs.restore()
-            self._sigs = None
-            if previous_subreaper is not None and not previous_subreaper:
-                set_subreaper(False)
-            self.printer.close_all()
-            self.printer.finish(stall_s=OUTPUT_STALL_S, cap_s=OUTPUT_CAP_S)
-            self._loop.close()  # last: the output threads wake the loop through it until they are done
+        route = TerminalRoute(self.printer, self._loop)
+        with console.routed(route):  # every podguard line of the run, from any thread: the terminal, in order
+            try:
+                self._controller.on_start(self)
+                if self._watch is not None:
+                    self._watch.start(self)
+                self._reap()  # something may have exited before the handler existed
+                self._run_loop()
+                return self._finish()
+            except BaseException:
+                self.kill_now()
+                stop_helpers()
+                self._reap_after_kill()
+                raise
+            finally:
+                if self._watch is not None:
+                    self._watch.close()
+                self._controller.close()
+                self._watchdog.close()
+                self._sigs.restore()
+                self._sigs = None
+                if previous_subreaper is not None and not previous_subreaper:
+                    set_subreaper(False)
+                route.close()  # a line said from now on goes to stderr
+                self.printer.close_all()
+                self.printer.finish(stall_s=OUTPUT_STALL_S, cap_s=OUTPUT_CAP_S)
+                self._loop.close()  # last: the output threads wake the loop through it until they are done
 
     def _reap_after_kill(self) -> None:
         """After SIGKILL on an error path: collect the workers (bounded wait, never a hang)."""
@@ -255,7 +255,7 @@ class Supervisor:
                 if time.monotonic() >= give_up_at:
                     left = [f"{w.name} (pid {w.pid})" for w in self.workers.values() if w.alive]
                     pids = ", ".join(left + [str(p) for p in sorted(self._orphans.live)])
-                    self.message(f"process(es) {pids} did not die after SIGKILL; giving up on them")
+                    console.say(f"process(es) {pids} did not die after SIGKILL; giving up on them")
                     break
             self._round(self._next_timeout(give_up_at))
 
@@ -272,7 +272,7 @@ class Supervisor:
         if self._shutdown.due(time.monotonic()):
             alive = [w.name for w in self.workers.values() if w.alive] + [str(p) for p in self._orphans.live]
             if alive:
-                self.message(f"grace period of {self._shutdown.grace_s:g} s over; SIGKILL to {', '.join(alive)}")
+                console.say(f"grace period of {self._shutdown.grace_s:g} s over; SIGKILL to {', '.join(alive)}")
             self.kill_now()
             self._reap()
 
@@ -304,7 +304,7 @@ class Supervisor:
     def _on_terminating(self, signum: int) -> None:
         name = signal_name(signum)
         if self._shutdown.stopping and signum == signal.SIGINT and not self._shutdown.killed:
-            self.message(f"second {name}: SIGKILL now")
+            console.say(f"second {name}: SIGKILL now")
             self.kill_now()
             self._reap()
             return
@@ -313,7 +313,7 @@ class Supervisor:
             return
         if self._root is None and self._signal is None:
             self._signal = signum
-        self.message(
+        console.say(
             f"received {name}: forwarding it to {self._live_count()} worker(s); SIGKILL after {self.grace_s:g} s"
             + (" (Ctrl-C again to kill now)" if signum == signal.SIGINT else "")
         )
@@ -336,14 +336,14 @@ class Supervisor:
         fresh = self._orphans.scan({w.pid for w in self.workers.values()})
         if fresh and self._shutdown.stopping:  # orphaned by the shutdown itself (torchrun's workers): stop now
             sig = self._shutdown.current_signal
-            self.message(f"{signal_name(sig)} to leftover process(es) of the job: {describe_pids(fresh)}")
+            console.say(f"{signal_name(sig)} to leftover process(es) of the job: {describe_pids(fresh)}")
             self._orphans.signal_all(sig, fresh)
             self._told_leftovers.update(fresh)
 
     def _stop_leftovers(self) -> None:
         untold = set(self._orphans.live) - self._told_leftovers
         if untold:
-            self.message(f"stopping leftover process(es) of the job: {describe_pids(untold)}")
+            console.say(f"stopping leftover process(es) of the job: {describe_pids(untold)}")
             self._told_leftovers.update(untold)
         if not self._shutdown.stopping:
             self.stop()
@@ -379,7 +379,7 @@ class Supervisor:
             if self._fail_fast:  # (independent workers report their own failures: say nothing here)
                 if others:  # (a lone worker's end is told once, by the summary)
                     stopping = f"; stopping the other {others} worker(s), SIGKILL after {self.grace_s:g} s"
-                    self.message(self._root_detail + stopping)
+                    console.say(self._root_detail + stopping)
                 self.stop()
         self._controller.on_exit(self, worker)
 
@@ -406,7 +406,7 @@ class Supervisor:
         services = [w for w in self.workers.values() if w.spec.service and w.alive]
         if jobs and services and not any(w.alive for w in jobs):
             self._ended_ok = True
-            self.message(f"job finished; stopping service(s) {', '.join(w.name for w in services)}")
+            console.say(f"job finished; stopping service(s) {', '.join(w.name for w in services)}")
             self.stop()
 
     # -- the result -------------------------------------------------------------------------------
@@ -446,5 +446,5 @@ class Supervisor:
         )
         outcome = JobOutcome(exit_code=code, workers=exits, root_cause=root, signal=self._signal, detail=detail)
         if self._summary:
-            self.message(format_summary(outcome), loud=True)
+            console.say(format_summary(outcome), loud=True)
         return outcome

@@ -98,7 +98,7 @@ def open_metrics(*, port: int | None, path: Path | None, mode: str, every_s: flo
     registry = snapshot_registry(state)
     server = MetricsServer.bind(port, registry) if port is not None else None
     try:
-        writer = FileWriter(path, registry, every_s=every_s, say=console.say) if path is not None else None
+        writer = FileWriter(path, registry, every_s=every_s) if path is not None else None
     except BaseException:
         if server is not None:
             server.close()

@@ -1,8 +1,8 @@
 """The textfile of `--metrics-file`, for node_exporter's textfile collector.
 
-    writer = FileWriter(path, registry, every_s=15, say=print)   # writes once now (64 when it cannot), then on
-    ...                                                          # its thread
-    writer.close()                                               # a last write; the file keeps its last values
+    writer = FileWriter(path, registry, every_s=15)   # writes once now (64 when it cannot), then on its thread
+    ...                                               # (a failed write: one warning on the console)
+    writer.close()                                    # a last write; the file keeps its last values
 
 The file is replaced whole each time: the text goes to a hidden temporary file in the same folder, then a rename
 over the old one (atomic on one filesystem), so the collector never reads half a file. A rename replaces whatever
@@ -19,10 +19,10 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.errors import UsageError
 from podguard.metrics.exposition import render
 
@@ -82,13 +82,11 @@ class FileWriter:
         registry: CollectorRegistry,
         *,
         every_s: float = FILE_INTERVAL_S,
-        say: Callable[[str], None] = lambda text: None,
         close_wait_s: float = CLOSE_WAIT_S,
     ) -> None:
         self.path = path
         self._registry = registry
         self._every_s = every_s
-        self._say = say
         self._close_wait_s = close_wait_s
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # the thread's write and close()'s last one never interleave
@@ -136,14 +134,14 @@ class FileWriter:
             self.write()
         except OSError as exc:  # a full volume, the folder gone: try again next time; the job never fails for it
             if self.error is None:
-                self._say(
-                    f"warning: --metrics-file={str(self.path)!r} cannot be written: {exc.strerror or exc}; it keeps "
+                console.warn(
+                    f"--metrics-file={str(self.path)!r} cannot be written: {exc.strerror or exc}; it keeps "
                     "its last values (tried again every interval; the job goes on)"
                 )
             self.error = exc.strerror or str(exc)
             return
         if self.error is not None:
-            self._say(f"--metrics-file={str(self.path)!r} is written again")
+            console.say(f"--metrics-file={str(self.path)!r} is written again")
             self.error = None
 
     def close(self) -> None:
@@ -152,8 +150,8 @@ class FileWriter:
         self._stop.set()
         self._thread.join(timeout=self._close_wait_s)
         if self._thread.is_alive():
-            self._say(
-                f"warning: --metrics-file={str(self.path)!r}: a write has not returned for {self._close_wait_s:g} s "
+            console.warn(
+                f"--metrics-file={str(self.path)!r}: a write has not returned for {self._close_wait_s:g} s "
                 "(a stalled volume?); the last values are not written"
             )
             return

@@ -4,9 +4,9 @@ any new pod. docs/checkpoints.md, "Survive the host".
     url = parse_store_url("s3://my-bucket/llm-train")    # 64 for a bad URL, no request (store/url.py)
     backend = open_backend(url)                           # store/connect.py: S3 (boto3: podguard[store]) or a folder
     backend.check()                                       # 64: no such bucket, credentials refused
-    mirror = Mirror(backend, "/workspace/ckpt", keep=2, say=print); mirror.start()     # store/mirror.py
+    mirror = Mirror(backend, "/workspace/ckpt", keep=2); mirror.start()   # store/mirror.py (says: the console)
     newest = newest_whole(backend)                        # store/catalog.py: the newest whole checkpoint in the store
-    restore_checkpoint(backend, newest, "/workspace/ckpt", say=print)                   # store/restore.py
+    restore_checkpoint(backend, newest, "/workspace/ckpt")                 # store/restore.py
 
 Layout in the store: a checkpoint at its path relative to DIR under the root (`PREFIX/checkpoint-1200/...`,
 `PREFIX/step-900.pt`), and its manifest, written last (`PREFIX/checkpoint-1200/.podguard-manifest.json`,

@@ -19,8 +19,8 @@ from typing import Protocol
 __all__ = [
     "CHUNK",
     "Backend",
+    "BytesMoved",
     "Cancelled",
-    "Progress",
     "StoreError",
     "StoreRefused",
     "StoreUnreachable",
@@ -32,7 +32,7 @@ __all__ = [
 
 CHUNK = 8 << 20  # bytes per read when podguard itself reads a file (its checksum, the file store's copy)
 
-Progress = Callable[[int], None]  # bytes moved since the last call; may raise Cancelled to stop the transfer
+BytesMoved = Callable[[int], None]  # bytes moved since the last call; may raise Cancelled to stop the transfer
 
 
 class StoreError(Exception):
@@ -77,12 +77,12 @@ class Backend(Protocol):
 
     def write_bytes(self, key: str, data: bytes) -> None: ...
 
-    def upload_file(self, path: str, key: str, size: int, crc: int, progress: Progress) -> None:
+    def upload_file(self, path: str, key: str, size: int, crc: int, progress: BytesMoved) -> None:
         """Copy the file at `path` (`size` bytes, CRC-32 `crc`) to `key`; StoreError when the store does not hold
         exactly those bytes afterwards (its size, and its CRC-32 where the store reports one)."""
         ...
 
-    def download_file(self, key: str, path: str, progress: Progress) -> None:
+    def download_file(self, key: str, path: str, progress: BytesMoved) -> None:
         """Write the object to `path` (a new file)."""
         ...
 
@@ -93,7 +93,7 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def crc32_of(path: str, size: int | None = None, progress: Progress | None = None) -> int:
+def crc32_of(path: str, size: int | None = None, progress: BytesMoved | None = None) -> int:
     """The CRC-32 (zlib's, as S3's `ChecksumCRC32`) of a file, read in CHUNK-sized pieces (zlib releases the GIL
     on each: the supervisor's loop is not held). With `size`: OSError when the file is not that long (it changed)."""
     crc = 0

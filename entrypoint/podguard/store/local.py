@@ -15,7 +15,7 @@ import os
 import zlib
 
 from podguard.errors import UsageError
-from podguard.store.backend import CHUNK, Progress, StoreError, StoreRefused, StoreUnreachable, crc32_of, crc_text
+from podguard.store.backend import CHUNK, BytesMoved, StoreError, StoreRefused, StoreUnreachable, crc32_of, crc_text
 from podguard.store.url import StoreUrl
 
 __all__ = ["LocalBackend"]
@@ -109,7 +109,7 @@ class LocalBackend:
                 os.unlink(tmp)
             raise _error(exc, path) from None
 
-    def upload_file(self, path: str, key: str, size: int, crc: int, progress: Progress) -> None:
+    def upload_file(self, path: str, key: str, size: int, crc: int, progress: BytesMoved) -> None:
         target = self._path(key)
         tmp = self._temp(target)
         try:
@@ -128,7 +128,7 @@ class LocalBackend:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
-    def download_file(self, key: str, path: str, progress: Progress) -> None:
+    def download_file(self, key: str, path: str, progress: BytesMoved) -> None:
         source = self._path(key)
         try:
             _copy(source, path, progress)
@@ -160,7 +160,7 @@ class LocalBackend:
         return os.path.join(folder, f".podguard-copy-{name}-{os.getpid()}")
 
 
-def _copy(source: str, target: str, progress: Progress) -> tuple[int, int]:
+def _copy(source: str, target: str, progress: BytesMoved) -> tuple[int, int]:
     """Copy in CHUNK-sized pieces, flushed to the disk: (CRC-32, bytes)."""
     crc = seen = 0
     buf = bytearray(CHUNK)

@@ -1,6 +1,6 @@
 """The mirror: a thread of podguard's own process that copies each new whole checkpoint under DIR to the store.
 
-    mirror = Mirror(backend, "/workspace/ckpt", keep=2, say=print)
+    mirror = Mirror(backend, "/workspace/ckpt", keep=2)   # its lines: the console (from its thread)
     mirror.start()
     mirror.holds(checkpoint)              # the store has it (or a newer one), whole
     mirror.wait_for(checkpoint, 30.0)     # ... waiting up to 30 s (the save before a stop, the end of the run)
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.checkpoints import Checkpoint, Key, find_checkpoints, format_size, list_keys
 from podguard.store.backend import Backend, Cancelled, StoreError, rate_text, took_text
 from podguard.store.catalog import list_stored
@@ -58,7 +59,6 @@ class Mirror:
         directory: str,
         *,
         keep: int,
-        say: Callable[[str], None],
         publish: Callable[[StoreStats], None] | None = None,
         poll_s: float = POLL_S,
         stored: Manifest | None = None,
@@ -68,7 +68,6 @@ class Mirror:
         self.backend = backend
         self.directory = os.path.abspath(directory)
         self.keep = keep
-        self.say = say
         self.publish = publish
         self.poll_s = poll_s
         self.stored = stored  # the store's newest whole checkpoint, as far as this mirror knows
@@ -220,7 +219,7 @@ class Mirror:
             moved[0] += n
             if time.monotonic() >= next_say[0]:
                 next_say[0] = time.monotonic() + PROGRESS_EVERY_S
-                self.say(f"storing {name} in {self.backend.url}: {format_size(moved[0])} of {format_size(total)}")
+                console.say(f"storing {name} in {self.backend.url}: {format_size(moved[0])} of {format_size(total)}")
 
         total = checkpoint.size
         self.uploading = name
@@ -237,7 +236,7 @@ class Mirror:
             )
         except Cancelled as exc:
             if not self._stop.is_set():
-                self.say(f"not storing {name}: {exc}")
+                console.say(f"not storing {name}: {exc}")
             self._keys = None  # look again (a newer one, most likely)
             return True
         except (StoreError, OSError) as exc:
@@ -249,7 +248,7 @@ class Mirror:
             self.uploaded_bytes += moved[0]
         elapsed = max(time.monotonic() - t0, 1e-6)
         rate = rate_text(manifest.bytes, elapsed)
-        self.say(  # (before the waiters hear of it: their next line comes after this one)
+        console.say(  # (before the waiters hear of it: their next line comes after this one)
             f"stored {name} in {self.backend.url} ({format_size(manifest.bytes)} in {took_text(elapsed)}, {rate})"
         )
         with self._cond:
@@ -291,7 +290,9 @@ class Mirror:
             self.uploaded_bytes += moved[0]
         if name is not None:
             self._failures, self._warned = 0, False
-            self.say(f"stored node {self.role.node}'s files of {name} in {self.backend.url} ({format_size(moved[0])})")
+            console.say(
+                f"stored node {self.role.node}'s files of {name} in {self.backend.url} ({format_size(moved[0])})"
+            )
         return self.poll_s
 
     def _prune(self) -> None:
@@ -300,7 +301,7 @@ class Mirror:
         try:
             stored = list_stored(self.backend)
         except StoreError as exc:
-            self.say(f"warning: cannot list {self.backend.url} to keep {self.keep} checkpoint(s): {exc}")
+            console.warn(f"cannot list {self.backend.url} to keep {self.keep} checkpoint(s): {exc}")
             return
         whole = [s for s in stored if s.whole]
         if not whole:
@@ -312,10 +313,10 @@ class Mirror:
                 try:
                     remove(self.backend, s.keys(self.backend))
                 except StoreError as exc:
-                    self.say(f"warning: cannot remove {s.name} from {self.backend.url}: {exc}")
+                    console.warn(f"cannot remove {s.name} from {self.backend.url}: {exc}")
         if doomed:
             names = ", ".join(s.name for s in doomed)
-            self.say(f"store {self.backend.url}: removed {names} (--store-keep {self.keep})")
+            console.say(f"store {self.backend.url}: removed {names} (--store-keep {self.keep})")
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _name(self, c: Checkpoint) -> str:
@@ -325,7 +326,7 @@ class Mirror:
         self._failures += 1
         if not self._warned:
             self._warned = True
-            self.say(f"warning: {text}; the job goes on, podguard tries again with backoff")
+            console.warn(f"{text}; the job goes on, podguard tries again with backoff")
         self._publish()
 
     def _backoff(self) -> float:

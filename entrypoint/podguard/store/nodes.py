@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from podguard.store.backend import Backend, Cancelled, Progress, StoreError
+from podguard.store.backend import Backend, BytesMoved, Cancelled, StoreError
 from podguard.store.manifest import StoredFile
 from podguard.store.upload import checkpoint_files, upload_files
 
@@ -121,7 +121,7 @@ def answer_request(
     node: int,
     answered: set[str],
     stop: Callable[[], bool],
-    progress: Progress,
+    progress: BytesMoved,
 ) -> str | None:
     """Node k > 0: when node 0 asked for a checkpoint's files (and this node has not answered that request), upload
     this node's files of it that node 0 does not hold, then report them. The checkpoint's name, or None."""

@@ -1,7 +1,7 @@
 """Bring a whole checkpoint from the store into DIR: downloaded into a hidden folder, checked against its
 manifest, then renamed into place (nothing half-written ever has a checkpoint's name).
 
-    path = restore_checkpoint(backend, stored, "/workspace/ckpt", say=print)   # '/workspace/ckpt/checkpoint-1200'
+    path = restore_checkpoint(backend, stored, "/workspace/ckpt")   # '/workspace/ckpt/checkpoint-1200'
 
 Each file must have its manifest's size and CRC-32, and gets its original modification time back (the finder
 then sees the checkpoint as it was written: same age, and the mirror does not store it again). A checkpoint whose
@@ -17,8 +17,8 @@ import errno
 import os
 import shutil
 import time
-from collections.abc import Callable
 
+from podguard import console
 from podguard.checkpoints import format_size
 from podguard.procfs import pid_exists
 from podguard.store.backend import Backend, StoreError, crc32_of, crc_text
@@ -35,7 +35,7 @@ class RestoreError(Exception):
     """Why a checkpoint could not be restored (one line); DIR holds nothing new."""
 
 
-def restore_checkpoint(backend: Backend, stored: Stored, directory: str, *, say: Callable[[str], None]) -> str:
+def restore_checkpoint(backend: Backend, stored: Stored, directory: str) -> str:
     manifest = stored.manifest
     assert manifest is not None
     os.makedirs(directory, exist_ok=True)
@@ -45,7 +45,7 @@ def restore_checkpoint(backend: Backend, stored: Stored, directory: str, *, say:
     todo = list(manifest.files)
     if os.path.lexists(target):
         todo = _missing_in_place(manifest, target)
-    meter = _Meter(manifest, sum(f.size for f in todo), say, backend.url)
+    meter = _Meter(manifest, sum(f.size for f in todo), backend.url)
     try:
         for f in todo:
             local = os.path.join(temp, *f.path.split("/")) if manifest.folder else temp
@@ -158,8 +158,8 @@ def _fsync(folder: str) -> None:
 class _Meter:
     """Counts the bytes and says how far a long download is, every PROGRESS_EVERY_S."""
 
-    def __init__(self, manifest: Manifest, total: int, say: Callable[[str], None], url: str) -> None:
-        self.manifest, self.total, self.say, self.url = manifest, total, say, url
+    def __init__(self, manifest: Manifest, total: int, url: str) -> None:
+        self.manifest, self.total, self.url = manifest, total, url
         self.done = 0
         self.next = time.monotonic() + PROGRESS_EVERY_S
 
@@ -167,6 +167,6 @@ class _Meter:
         self.done += n
         if time.monotonic() >= self.next:
             self.next = time.monotonic() + PROGRESS_EVERY_S
-            self.say(
+            console.say(
                 f"restoring {self.manifest.name} from {self.url}: {format_size(self.done)} of {format_size(self.total)}"
             )

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from podguard.errors import UsageError
-from podguard.store.backend import Cancelled, Progress, StoreError, StoreRefused, StoreUnreachable, crc_text
+from podguard.store.backend import BytesMoved, Cancelled, StoreError, StoreRefused, StoreUnreachable, crc_text
 from podguard.store.url import StoreUrl
 
 __all__ = ["ENV_PART_BYTES", "PART_MAX", "S3Backend", "part_size"]
@@ -196,7 +196,7 @@ class S3Backend:
                 raise self._error(exc) from None
 
     # -- files ----------------------------------------------------------------------------------------------
-    def upload_file(self, path: str, key: str, size: int, crc: int, progress: Progress) -> None:
+    def upload_file(self, path: str, key: str, size: int, crc: int, progress: BytesMoved) -> None:
         self._upload(path, key, size, progress)
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self.root + key, ChecksumMode="ENABLED")
@@ -213,14 +213,14 @@ class S3Backend:
             if theirs != crc:
                 raise StoreError(f"{key}: the store's CRC-32 is {crc_text(theirs)}, the file's {crc_text(crc)}")
 
-    def _upload(self, path: str, key: str, size: int, progress: Progress) -> None:
+    def _upload(self, path: str, key: str, size: int, progress: BytesMoved) -> None:
         manager = self._transfers(chunk_for(size, part_size()))
-        future = manager.upload(path, self.bucket, self.root + key, subscribers=[_Progress(progress)])
+        future = manager.upload(path, self.bucket, self.root + key, subscribers=[_BytesMoved(progress)])
         self._wait(future)
 
-    def download_file(self, key: str, path: str, progress: Progress) -> None:
+    def download_file(self, key: str, path: str, progress: BytesMoved) -> None:
         manager = self._transfers(max(part_size(), DOWNLOAD_PART))
-        future = manager.download(self.bucket, self.root + key, path, subscribers=[_Progress(progress)])
+        future = manager.download(self.bucket, self.root + key, path, subscribers=[_BytesMoved(progress)])
         self._wait(future)
 
     def _wait(self, future: Any) -> None:
@@ -288,10 +288,10 @@ class _SlowCompletion:
         return getattr(self._client, name)
 
 
-class _Progress:
+class _BytesMoved:
     """An s3transfer subscriber that reports the bytes moved (the callback may raise Cancelled)."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: BytesMoved) -> None:
         self.progress = progress
 
     def on_queued(self, future: Any, **kwargs: Any) -> None:

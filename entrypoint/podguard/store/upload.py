@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from podguard.checkpoints import Checkpoint
-from podguard.store.backend import Backend, Cancelled, Progress, StoreError, crc32_of, crc_text
+from podguard.store.backend import Backend, BytesMoved, Cancelled, StoreError, crc32_of, crc_text
 from podguard.store.manifest import Manifest, StoredFile, manifest_key
 
 __all__ = ["LocalFile", "Others", "checkpoint_files", "commit", "remove", "upload_checkpoint", "upload_files"]
@@ -62,7 +62,7 @@ def upload_files(
     folder: bool,
     files: Sequence[LocalFile],
     *,
-    progress: Progress,
+    progress: BytesMoved,
     gone: Callable[[], str | None],
 ) -> list[StoredFile]:
     """Copy `files` under `name` in the store; Cancelled as soon as `gone()` says why the checkpoint went."""
@@ -106,7 +106,7 @@ def upload_checkpoint(
     checkpoint: Checkpoint,
     directory: str,
     *,
-    progress: Progress,
+    progress: BytesMoved,
     stop: Callable[[], bool] = lambda: False,
     previous: Manifest | None = None,
     others: Others | None = None,

@@ -1,6 +1,6 @@
 """Run this node's part of the cluster gate, answering signals at once: the one entry point job/multinode.py calls.
 
-    outcome = run_cluster_gate(settings, verdict, out=sys.stderr, notes=[...])
+    outcome = run_cluster_gate(settings, verdict, notes=[...])   # the summary: a podguard line (console)
     outcome.code   # 0: launch; 76 a node failed; 75 a node did not report; the node's own code; 128+N
 
 The store protocol runs in a helper thread (`protocol.py`; a store call is C++ that Python signal handlers
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import select
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TextIO
 
+from podguard import console
 from podguard.errors import ExitCode, PodguardError, signal_exit_code
 from podguard.launch.multinode.protocol import ACK_WAIT_S, TELL_LATE_S, run_gate
 from podguard.launch.multinode.verdicts import GateOutcome, GateSettings, NodeVerdict, format_gate_summary
@@ -29,33 +28,31 @@ __all__ = ["run_cluster_gate"]
 BACKSTOP_S = 60.0  # beyond the timeout and node 0's lingering: a store call that never returns
 
 
-def run_cluster_gate(
-    settings: GateSettings, verdict: NodeVerdict, *, out: TextIO | None = None, notes: Sequence[str] = ()
-) -> GateOutcome:
+def run_cluster_gate(settings: GateSettings, verdict: NodeVerdict, *, notes: Sequence[str] = ()) -> GateOutcome:
     """Publish `verdict`, wait for the cluster's decision, print the gate summary; the outcome.
     Raises PodguardError (64) when node 0 cannot host the store (a port in use) or torch is missing."""
-    stream = out if out is not None else sys.stderr
     printed = threading.Event()
 
-    def say(outcome: GateOutcome) -> None:
+    def show_summary(outcome: GateOutcome) -> None:
         outcome = replace(outcome, notes=(*outcome.notes, *notes))
-        print(format_gate_summary(outcome, timeout_s=settings.timeout_s), file=stream, flush=True)
+        console.line(format_gate_summary(outcome, timeout_s=settings.timeout_s), loud=True)
         printed.set()
 
-    outcome = _wait(settings, verdict, say)
+    outcome = _wait(settings, verdict, show_summary)
     if not printed.is_set():
-        say(outcome)
+        show_summary(outcome)
     return replace(outcome, notes=(*outcome.notes, *notes))
 
 
-def _wait(settings: GateSettings, verdict: NodeVerdict, say: Callable[[GateOutcome], None]) -> GateOutcome:
+def _wait(settings: GateSettings, verdict: NodeVerdict, decided: Callable[[GateOutcome], None]) -> GateOutcome:
+    """The gate's outcome; `decided(outcome)` is called (from the protocol's thread) as soon as it is known."""
     stop = threading.Event()
     done_r, done_w = os.pipe()
     result: dict[str, object] = {}
 
     def work() -> None:
         try:
-            result["outcome"] = run_gate(settings, verdict, stop=stop, on_decision=say)
+            result["outcome"] = run_gate(settings, verdict, stop=stop, on_decision=decided)
         except BaseException as exc:  # handed to the waiting thread
             result["error"] = exc
         finally:

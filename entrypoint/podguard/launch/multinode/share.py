@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from podguard import console
 from podguard.launch.multinode.protocol import _bind, _timedelta, load_store_class
 from podguard.launch.multinode.verdicts import GateSettings
 
@@ -38,8 +39,8 @@ SAY_AFTER_S = 30.0  # a node that has not reached node 0's store this long says 
 
 
 class ProgressShare:
-    """See the module docstring. `count()`: this node's own progress events so far (read on the thread);
-    `say(text)`: a warning line, from the thread (the caller routes it to the loop)."""
+    """See the module docstring. `count()`: this node's own progress events so far (read on the thread). Its
+    warning is said from the thread (the console hands it to the supervisor's loop)."""
 
     def __init__(
         self,
@@ -47,12 +48,10 @@ class ProgressShare:
         count: Callable[[], int],
         *,
         interval_s: float = INTERVAL_S,
-        say: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.count = count
         self.interval_s = interval_s
-        self.say = say or (lambda text: None)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._remote: tuple[float, str] | None = None
@@ -94,8 +93,8 @@ class ProgressShare:
             if store is None and not said and time.monotonic() - started > SAY_AFTER_S:
                 said = True
                 what = "host the progress share on" if self.settings.hosts else "reach node 0's progress share at"
-                self.say(
-                    f"warning: cannot {what} {self.settings.endpoint}{why}: this node judges a hang on its own "
+                console.warn(
+                    f"cannot {what} {self.settings.endpoint}{why}: this node judges a hang on its own "
                     "workers' output only"
                 )
             self._stop.wait(self.interval_s)

@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.launch.loop import Timer
 from podguard.launch.modes import DEFAULT_MASTER_ADDR
@@ -130,7 +131,7 @@ class RolesController(Controller):
         st.state = RoleState.STARTED
         st.started_at = time.monotonic()
         if role.after:
-            sup.message(f"starting role {role.name} ({', '.join(role.after)} ready)")
+            console.say(f"starting role {role.name} ({', '.join(role.after)} ready)")
         for spec in role.specs:
             sup.start(spec)
             if role.ready is not None and role.ready.kind is ReadyKind.LOG:
@@ -180,9 +181,9 @@ class RolesController(Controller):
         st.watchers.clear()
         took = time.monotonic() - st.started_at
         if how == ReadyHow.FINISHED:
-            sup.message(f"role {st.role_name} finished ({took:.1f} s)")
+            console.say(f"role {st.role_name} finished ({took:.1f} s)")
         elif how != ReadyHow.STARTED:
-            sup.message(f"role {st.role_name} is ready ({how}, {took:.1f} s)")
+            console.say(f"role {st.role_name} is ready ({how}, {took:.1f} s)")
         self._start_ready_roles()
 
     def _timed_out(self, st: _RoleRun) -> None:

@@ -4,7 +4,7 @@ run-time watch (runtime.py), on the supervisor's loop.
     quiet = QuietRanks(timeout_s=1800, pattern=None, line_rank=re.compile(r"^rank(?P<rank>\\d+):"))
     rank = quiet.line_rank(sup, "torchrun", "rank3:saving 12/35")     # whose line: a prefix, or a one-rank worker
     quiet.sample(progress, now)                                       # a quiet rank's process wrote: its progress
-    quiet.judge(hang, progress, now, on_loop=..., hung=..., say=...)  # a rank's own progress stopped: look first
+    quiet.judge(hang, progress, now, on_loop=..., hung=..., still=...)  # a rank's own progress stopped: look
 
 A rank's own progress is its heartbeats, its busy announcements, the lines known to be its own (torchrun's
 `rank3:` prefix; a per-gpu worker is one rank) and, where any output counts (no --progress), a write of its process
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from podguard import console
 from podguard.durations import format_duration
 from podguard.launch.watch.hangs import Hang, ProgressWatch
 from podguard.launch.watch.probe import RankProbe, waits
@@ -109,14 +110,13 @@ class QuietRanks:
         *,
         on_loop: Callable[[Callable[[], None]], None],
         hung: Callable[[Hang], None],
-        say: Callable[[str], None],
         still: Callable[[], Hang | None],
     ) -> None:
         """`hang`: ranks whose own progress stopped while the job moves on. Their stacks are taken off the loop;
-        back on it (`on_loop`), those that wait are excused (`say`), and if a rank is still hung (`still()`),
+        back on it (`on_loop`), those that wait are excused (said once), and if a rank is still hung (`still()`),
         `hung(...)` is called. A probe that does not come back in time: `hung(hang)`."""
         if self._probe is None:
-            self._probe = RankProbe(lambda results: on_loop(lambda: self._probed(results, progress, hung, say, still)))
+            self._probe = RankProbe(lambda results: on_loop(lambda: self._probed(results, progress, hung, still)))
         if self._probe.running:
             if self._probe.running_for(now) >= PROBE_GIVE_UP_S and self._suspect is not None:
                 self._suspect, suspect = None, self._suspect
@@ -138,7 +138,6 @@ class QuietRanks:
         results: dict[int, RankStacks],
         progress: ProgressWatch,
         hung: Callable[[Hang], None],
-        say: Callable[[str], None],
         still: Callable[[], Hang | None],
     ) -> None:
         suspect, self._suspect = self._suspect, None
@@ -152,7 +151,7 @@ class QuietRanks:
         fresh = [s for s in waiting if (s.target.local_rank, s.target.pid) not in self._told]
         if fresh:
             self._told.update((s.target.local_rank, s.target.pid) for s in fresh)
-            say(self._waiting_line(fresh, progress, {s.target.local_rank for s in waiting}, now))
+            console.say(self._waiting_line(fresh, progress, {s.target.local_rank for s in waiting}, now))
         left = still()
         if left is not None and (left.job or set(left.slots) <= set(suspect.slots)):
             hung(left)  # (a rank that went quiet meanwhile is looked at first, at the next tick)

@@ -1,6 +1,6 @@
 """The run-time watch of one attempt: progress and hangs, GPU faults, stragglers, on the supervisor's loop.
 
-    watch = RuntimeWatch(RuntimeSettings(hang_timeout_s=1800, gpus=((0, "GPU-..."),)), run_dir, say=print)
+    watch = RuntimeWatch(RuntimeSettings(hang_timeout_s=1800, gpus=((0, "GPU-..."),)), run_dir)
     env = watch.worker_env(slots=8)          # the heartbeat board (and the flight recorder, with a hang timeout)
     outcome = watch.explain(run_job(specs, watch=watch))   # 79 for a hang, 76 for a GPU fault, with the cause
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from podguard import console
 from podguard.errors import ExitCode
 from podguard.launch.spec import JobOutcome
 from podguard.launch.watch.board import PlacedBoard, place_board, read_placed, read_placed_slots, remove_board
@@ -77,8 +78,8 @@ class RuntimeSettings:
 
 
 class RuntimeWatch:
-    """See the module docstring. `gpu_watch` replaces the NVML fault watch (tests); `say` prints a podguard line
-    outside the supervisor (before it starts and after it ended)."""
+    """See the module docstring. `gpu_watch` replaces the NVML fault watch (tests). Its lines go to the console
+    (the supervisor's terminal while it runs, stderr before and after)."""
 
     def __init__(
         self,
@@ -86,7 +87,6 @@ class RuntimeWatch:
         run_dir: Path,
         *,
         gpu_watch: GpuFaultWatch | None = None,
-        say: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.run_dir = run_dir
@@ -95,7 +95,6 @@ class RuntimeWatch:
         self.evidence_dir = run_dir / "hang"
         self._gpu_watch = gpu_watch
         self._gpu_watch_tried = False
-        self._say = say or (lambda text: None)
         self.sup: Supervisor | None = None
         self.progress = self._progress_watch()
         self.rates = StepRates(settings.slow_ratio)
@@ -134,7 +133,7 @@ class RuntimeWatch:
             self._placed = place_board(f"{self.run_dir.name}-{os.getpid()}", max(1, slots), (self.run_dir,))
             atexit.register(remove_board, self._placed)  # also when the attempt fails before the supervisor runs
             for warning in self._placed.warnings:
-                self._say(f"podguard: warning: {warning}")
+                console.warn(warning)
         self.board = self._placed.path
         env = {ENV_FILE: str(self.board)} if self.board is not None else {}
         if self.settings.hang_timeout_s is not None:
@@ -155,7 +154,7 @@ class RuntimeWatch:
         if self.settings.cluster is not None and self._share is None:  # a hang is the job's verdict, not a node's
             from podguard.launch.multinode.share import share_or_none  # noqa: PLC0415  lazy: multi-node runs only
 
-            self._share = share_or_none(self.settings.cluster, lambda: self.progress.events, say=self._say_later)
+            self._share = share_or_none(self.settings.cluster, lambda: self.progress.events)
         if self._gpu_watch is not None and self._poller is None:  # NVML off the loop: its own thread
             self._poller = GpuPoller(
                 self._gpu_watch, min(self.settings.tick_s, POLL_INTERVAL_S), after_poll=self._after_gpu_poll,
@@ -216,9 +215,9 @@ class RuntimeWatch:
             for worker, note in self._filters.sample_supervisor(sup):  # a filter holding the job's lines reads on
                 self.progress.activity(worker, now)
                 if note:
-                    sup.message(note)
+                    console.say(note)
         for slow in self.rates.check(now):
-            sup.message(f"warning: {self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
+            console.warn(f"{self._rank(slow.slot)} {slow.text.removeprefix(f'rank {slow.slot} ')}")
         self._poll_faults()
         self._check_nvml_answers()
         if self._share is not None and (seen := self._share.remote()) is not None:
@@ -228,7 +227,7 @@ class RuntimeWatch:
                 self._on_hang(hang)
             else:  # these ranks stopped while the job moves on: do they wait for the others? (quiet_ranks.py)
                 self.quiet.judge(
-                    hang, self.progress, now, on_loop=self._on_loop, hung=self._on_hang, say=sup.message,
+                    hang, self.progress, now, on_loop=self._on_loop, hung=self._on_hang,
                     still=lambda: self.progress.check(time.monotonic(), alive=_pid_alive),
                 )  # fmt: skip
         if not self._closed:
@@ -260,18 +259,14 @@ class RuntimeWatch:
             self.faults.append(fault)
             self._write_faults()
             if self.sup is None or final:
-                self._say(f"podguard: {'GPU FAULT' if fault.fatal else 'GPU event'}: {fault.text}")
+                console.say(f"{'GPU FAULT' if fault.fatal else 'GPU event'}: {fault.text}", loud=fault.fatal)
                 continue
             if not fault.fatal:
-                self.sup.message(f"GPU event ({_kind_of(fault)}, not acted on): {fault.text}")
+                console.say(f"GPU event ({_kind_of(fault)}, not acted on): {fault.text}")
             elif not self.sup.stopping and not ending:
                 self.sup.fail(None, ExitCode.GPU_UNHEALTHY, f"GPU FAULT: {fault.text}: ending the job")
             else:
-                self.sup.message(f"GPU FAULT: {fault.text}", loud=True)
-
-    def _say_later(self, text: str) -> None:
-        """A line from a helper thread, printed by the loop."""
-        self._on_loop(lambda: self.sup.message(text) if self.sup is not None else None)
+                console.say(f"GPU FAULT: {fault.text}", loud=True)
 
     def _on_loop(self, fn: Callable[[], None]) -> None:
         """`fn` on the supervisor's loop, from a helper thread (dropped once the watch is closed)."""
@@ -294,7 +289,7 @@ class RuntimeWatch:
             f"NVML has not answered for {stuck:.0f} s: a GPU or its driver is not responding "
             "(an Xid 79 or a GSP timeout does this); the GPU fault watch waits, the job goes on"
         )
-        self.sup.message(f"GPU watch: {self.nvml_stuck}")
+        console.say(f"GPU watch: {self.nvml_stuck}")
 
     def cause_of_exit(self, worker_gpus: tuple[int, ...], code: int) -> tuple[int, str] | None:
         """A worker failed on its own: a fatal fault (polled now, so that it is seen before the supervisor tells
@@ -324,7 +319,7 @@ class RuntimeWatch:
             return
         self.hang = hang
         self._hang_at = time.monotonic()
-        sup.message(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}", loud=True)
+        console.say(f"HUNG: {hang.text}; keeping the evidence in {self.evidence_dir}", loud=True)
         pids = {name: w.pid for name, w in sup.workers.items() if w.alive}
         self.worker_gpus = {name: tuple(w.spec.gpus) for name, w in sup.workers.items()}
         evidence = HangEvidence(
@@ -355,7 +350,7 @@ class RuntimeWatch:
             self._deadline.cancel()
         self.hang_lines = list(lines)
         for line in lines:
-            sup.message(line, loud=True)
+            console.say(line, loud=True)
         who = f" (rank(s) {', '.join(map(str, hang.ranks))})" if hang.ranks else ""
         st = self.settings
         grace = hang_grace_s(st.hang_end_s, st.tick_s, self._hang_at, time.monotonic())

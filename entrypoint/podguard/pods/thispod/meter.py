@@ -1,7 +1,7 @@
 """This pod's price and spend, or its whole Instant Cluster's, read from the API once: `--max-cost` and the metrics
 then need no more requests.
 
-    budget = read_budget(pod_id, say)       # a pod: its cost/hr and start; a cluster member: every member's
+    budget = read_budget(pod_id)            # a pod: its cost/hr and start; a cluster member: every member's
     price = read_price(pod_id)              # this pod's own meter alone (the metrics' price and spend series)
     budget.spent(time.monotonic())          # US dollars so far, an estimate
     budget.reached_at(150.0)                # the monotonic time at which 150 USD is spent
@@ -14,9 +14,10 @@ shows it with `cluster {id, rank, ip}`) counts the whole cluster: the sum of tha
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from podguard import console
 from podguard.pods.api import open_api
 from podguard.pods.clusters.rest import cluster_api
 from podguard.pods.pod import Pod
@@ -73,9 +74,7 @@ class Budget:
         return max(m.uptime_s for m in self.meters) + self.elapsed(now)
 
 
-def budget_from(
-    pod_id: str, cluster_id: str | None, pods: Sequence[Pod], wall: float, read_at: float, say: Callable[[str], None]
-) -> Budget | None:
+def budget_from(pod_id: str, cluster_id: str | None, pods: Sequence[Pod], wall: float, read_at: float) -> Budget | None:
     """The budget of `pods` (this pod, or every member of `cluster_id`) read at wall-clock `wall`; None (with one
     line said) when the API gives no cost for any of them. A pod without a start time counts from now."""
     what = f"pod {pod_id}" if cluster_id is None else f"cluster {cluster_id}"
@@ -89,25 +88,25 @@ def budget_from(
             no_start.append(pod.id)
         meters.append(Meter(pod.id, float(pod.cost_per_hr), uptime or 0.0))
     if not any(m.cost_per_hr > 0 for m in meters):
-        say(f"warning: --max-cost: the API gives no cost per hour for {what}; the guard is off")
+        console.warn(f"--max-cost: the API gives no cost per hour for {what}; the guard is off")
         return None
     if no_cost:
         unpriced = ", ".join(no_cost)
-        say(f"warning: --max-cost: the API gives no cost per hour for pod(s) {unpriced} of {what}; not counted")
+        console.warn(f"--max-cost: the API gives no cost per hour for pod(s) {unpriced} of {what}; not counted")
     if no_start:
         pods_named = what if cluster_id is None else f"pod(s) {', '.join(no_start)} of {what}"
-        say(f"warning: --max-cost: the API gives no start time for {pods_named}; counting from now")
+        console.warn(f"--max-cost: the API gives no start time for {pods_named}; counting from now")
     return Budget(pod_id, tuple(meters), read_at, cluster_id, len(pods))
 
 
-def read_budget(pod_id: str, say: Callable[[str], None]) -> Budget | None:
+def read_budget(pod_id: str) -> Budget | None:
     """This pod's GET; for a cluster member also its cluster's members (one request). None when there is no cost."""
     api = open_api("rest")
     pod = api.get_pod(pod_id)
     pods: Sequence[Pod] = [pod]
     if pod.cluster_id is not None:
         pods = [m.pod for m in cluster_api(api).members(pod.cluster_id)]
-    return budget_from(pod_id, pod.cluster_id, pods, time.time(), time.monotonic(), say)
+    return budget_from(pod_id, pod.cluster_id, pods, time.time(), time.monotonic())
 
 
 def read_price(pod_id: str, *, retry_for: float = 60.0) -> Budget | None:
