@@ -54,7 +54,7 @@ def main() -> None:
         direct = _say(n)
         chatter, out = _Chatter(n), io.BytesIO()
         job = [WorkerSpec("job", (sys.executable, "-c", "import time; time.sleep(3)"))]
-        run_job(job, out=out, watch=chatter, summary=False)
+        run_job(job, terminal=out, watch=chatter, summary=False)
     finally:
         sys.stderr.close()
         sys.stderr = stderr

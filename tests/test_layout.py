@@ -246,3 +246,52 @@ def test_no_module_is_over_450_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 450 and "__pycache__" not in p.parts
     }
     assert long == {}
+
+
+# What podguard says goes through podguard.console (docs/architecture.md, "One console"): no function takes a
+# line sink, a stream for podguard's lines or a printing Progress. Allowed: console.py's own `stream` (a command's
+# stdout), and the workers' terminal of launch/ (`terminal`, and `err` where loud lines go when it stalls).
+_SINK_NAMES = {"say", "out", "warn", "note", "on_wait", "progress", "emit"}
+# rank/wrap.py is its own program inside torchrun (standard library only): its lines are its rank's output, written
+# with the rank's prefix in one os.write (docs/torchrun.md), not podguard's console lines.
+_OWN_PROGRAMS = {"rank/wrap.py"}
+
+
+def _is_line_sink(name: str, note: str) -> bool:
+    if re.search(r"\bTextIO\b", note):
+        return name not in ("terminal", "err")
+    sink_type = re.fullmatch(r"(Say|Warn|Progress)( \| None)?", note) or "Callable[[str]" in note
+    return bool(sink_type) and name in _SINK_NAMES
+
+
+def _line_sinks() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in path.parts or path.relative_to(PACKAGE).as_posix() in {"console.py", *_OWN_PROGRAMS}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                note = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if _is_line_sink(arg.arg, note):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}({arg.arg}: {note})")
+    return found
+
+
+def test_nothing_takes_a_line_sink_podguard_speaks_through_its_console() -> None:
+    assert _line_sinks() == []
+
+
+def test_the_loggers_only_keep_debug_records_what_a_user_must_see_is_a_console_line() -> None:
+    """A `log.warning` with no handler reaches stderr bare (logging's last resort), without the prefix, the
+    redaction or the quiet rule: a warning is `console.warn`; loggers keep records for PODGUARD_DEBUG=1."""
+    loud = re.compile(r"\blog(ger)?\.(warning|error|exception|critical)\(")
+    found = [
+        f"{p.relative_to(PACKAGE)}:{n}"
+        for p in PACKAGE.rglob("*.py")
+        if "__pycache__" not in p.parts
+        for n, text in enumerate(p.read_text().splitlines(), 1)
+        if loud.search(text)
+    ]
+    assert found == []

@@ -30,10 +30,10 @@ def main() -> int:
         for s in config["specs"]
     ]
     if config["out"] == "-":
-        outcome = run_job(specs, grace_s=config.get("grace", 1.0), out=sys.stdout.fileno())
+        outcome = run_job(specs, grace_s=config.get("grace", 1.0), terminal=sys.stdout.fileno())
     else:
         with open(config["out"], "wb") as out:
-            outcome = run_job(specs, grace_s=config.get("grace", 1.0), out=out)
+            outcome = run_job(specs, grace_s=config.get("grace", 1.0), terminal=out)
     with open(config["result"], "w") as fh:
         json.dump(dataclasses.asdict(outcome), fh)
     return outcome.exit_code

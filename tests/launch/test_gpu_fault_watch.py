@@ -489,7 +489,7 @@ def test_a_fatal_xid_ends_the_job_when_the_poll_sees_it_not_at_the_loops_next_ti
     threading.Thread(target=fault, daemon=True).start()
     with open("/dev/null", "wb") as devnull:
         try:
-            outcome = run_job([worker], grace_s=1, watch=watch, out=devnull, summary=False)
+            outcome = run_job([worker], grace_s=1, watch=watch, terminal=devnull, summary=False)
         finally:
             watch.close()
     assert outcome.exit_code == 76, outcome

@@ -55,7 +55,7 @@ def _runs(tmp_path: Path, key: str, results: list[tuple[int, float, int | None]]
 def test_finished_job_is_not_rerun_after_a_container_restart(tmp_path: Path):
     key = job_key(["python", "t.py"], "per-gpu", cwd="/w")
     assert plan_launch(key, entry=True, state=tmp_path).action is LaunchAction.RUN  # no history yet
-    outcome = run_job([WorkerSpec("job", ("true",))], out=io.BytesIO())
+    outcome = run_job([WorkerSpec("job", ("true",))], terminal=io.BytesIO())
     record_outcome(outcome, key=key, argv=["true"], mode="single", started_at=time.time() - 1, state=tmp_path)
     assert load_history(key, tmp_path)[-1].exit_code == 0
     # same container instance (a person re-running it): run; the entry process after a restart: skip

@@ -140,7 +140,7 @@ def test_per_gpu_job_runs_with_isolated_gpus_and_logs(tmp_path: Path):
     )
     specs = per_gpu_specs([PY, "-c", code], _selection((0, 1, 2)), master_port=29555, log_dir=tmp_path)
     out = io.BytesIO()
-    outcome = run_job(specs, out=out, only=only_for_gpu(specs, 1), summary=False)
+    outcome = run_job(specs, terminal=out, only=only_for_gpu(specs, 1), summary=False)
     assert outcome.exit_code == 0
     assert out.getvalue() == b"GPU1:1 1 3 GPU-00000001 29555\n"  # --only-gpu 1 on the terminal
     assert (tmp_path / "GPU2.log").read_text() == "2 2 3 GPU-00000002 29555\n"  # every log file complete

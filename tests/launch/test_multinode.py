@@ -121,7 +121,7 @@ def test_a_full_log_volume_under_a_real_torchrun_job_costs_the_logs_not_the_job(
     spec = build_torchrun_spec([sys.executable, str(script)], cpu, error_dir=tmp_path / "err", log_dir=logs, nproc=2)
     out_path = tmp_path / "out.txt"
     with out_path.open("wb") as out:
-        outcome = explain_torchrun_failure(run_job([spec], out=out, summary=False), tmp_path / "err")
+        outcome = explain_torchrun_failure(run_job([spec], terminal=out, summary=False), tmp_path / "err")
     text = out_path.read_text()
     assert outcome.exit_code == 0, text[-3000:]
     assert text.count("rank0:rank 0 line ") == 200 and text.count("rank1:rank 1 line ") == 200

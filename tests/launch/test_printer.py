@@ -144,7 +144,7 @@ def test_eight_floods_of_100k_lines_arrive_whole_prefixed_and_complete(tmp_path:
     ]
     out_path = tmp_path / "out.txt"
     with out_path.open("wb") as out:
-        outcome = run_job(specs, out=out, summary=False)
+        outcome = run_job(specs, terminal=out, summary=False)
     assert outcome.exit_code == 0
     namespace: dict = {}
     exec(_GEN, namespace)
@@ -165,7 +165,7 @@ def test_worker_dying_mid_line_still_has_its_partial_line_printed(tmp_path: Path
     code = "import os,signal\nos.write(1,b'first\\nhalf a li')\nos.kill(os.getpid(), signal.SIGKILL)"
     out_path = tmp_path / "out.txt"
     with out_path.open("wb") as out:
-        outcome = run_job([WorkerSpec("GPU0", (sys.executable, "-c", code), prefix="GPU0:")], out=out)
+        outcome = run_job([WorkerSpec("GPU0", (sys.executable, "-c", code), prefix="GPU0:")], terminal=out)
     text = out_path.read_bytes()
     assert b"GPU0:first\nGPU0:half a li\n" in text
     assert outcome.exit_code == 128 + 9
@@ -336,7 +336,7 @@ sys.exit(max(p.wait() for p in procs))
 
 def test_the_root_cause_of_ranks_sharing_one_pipe_is_the_first_error_by_time():
     out = io.BytesIO()
-    outcome = run_job([WorkerSpec("job", (sys.executable, "-c", TWO_RANKS))], out=out)
+    outcome = run_job([WorkerSpec("job", (sys.executable, "-c", TWO_RANKS))], terminal=out)
     assert outcome.exit_code == 1
     assert outcome.root_cause is not None
     assert outcome.root_cause.first_error[-1] == "ValueError: rank 0: loss is NaN at step 3"

@@ -143,7 +143,7 @@ per_gpu = true
 """,
     )
     out = io.BytesIO()
-    outcome = run_roles(job, _selection(3), master_port=29500, grace_s=2, out=out, log_dir=tmp_path / "logs")
+    outcome = run_roles(job, _selection(3), master_port=29500, grace_s=2, terminal=out, log_dir=tmp_path / "logs")
     text = out.getvalue().decode()
     assert outcome.exit_code == 0, text
     assert "role server is ready (printed /Uvicorn running/" in text
@@ -170,7 +170,7 @@ after = ["server"]
     )
     out = io.BytesIO()
     t0 = time.monotonic()
-    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, out=out)
+    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, terminal=out)
     assert outcome.exit_code == READY_TIMEOUT_EXIT
     assert time.monotonic() - t0 < 5
     assert "role server was not ready after 0.5 s (waiting for log line /Uvicorn running/)" in outcome.detail
@@ -191,7 +191,7 @@ command = ["true"]
 after = ["server"]
 """,
     )
-    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, out=io.BytesIO())
+    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, terminal=io.BytesIO())
     assert outcome.exit_code == 7
     assert outcome.root_cause is not None and outcome.root_cause.name == "server"
     assert outcome.root_cause.tail == ("CUDA out of memory",)
@@ -212,7 +212,7 @@ per_gpu = true
 gpus = 2
 """,
     )
-    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, out=io.BytesIO())
+    outcome = run_roles(job, _selection(), master_port=29500, grace_s=1, terminal=io.BytesIO())
     assert outcome.exit_code == 3
     assert outcome.root_cause is not None and outcome.root_cause.name.startswith("trainer.")
     assert next(w for w in outcome.workers if w.name == "server").stopped_by_podguard
@@ -237,7 +237,7 @@ after = ["server"]
 """,
     )
     out = io.BytesIO()
-    outcome = run_roles(job, _selection(), master_port=29500, grace_s=2, out=out)
+    outcome = run_roles(job, _selection(), master_port=29500, grace_s=2, terminal=out)
     text = out.getvalue().decode()
     assert outcome.exit_code == 0, text
     assert "role server is ready (answered" in text and "client:b'ok'" in text

@@ -77,7 +77,7 @@ def test_grace_default_fits_docker_stop_timeout():
 
 def test_all_workers_succeed():
     out = io.BytesIO()
-    outcome = run_job([WorkerSpec(f"GPU{i}", _exit_after(0.05, 0), prefix=f"GPU{i}:") for i in range(3)], out=out)
+    outcome = run_job([WorkerSpec(f"GPU{i}", _exit_after(0.05, 0), prefix=f"GPU{i}:") for i in range(3)], terminal=out)
     assert outcome.exit_code == 0 and outcome.root_cause is None
     assert [w.returncode for w in outcome.workers] == [0, 0, 0]
     assert out.getvalue().count(b"working") == 3 and b"finished successfully" in out.getvalue()
@@ -91,7 +91,7 @@ def test_first_failure_stops_the_rest_within_the_grace_and_its_code_comes_out(tm
     ]
     out = io.BytesIO()
     t0 = time.monotonic()
-    outcome = run_job(specs, grace_s=5, out=out)
+    outcome = run_job(specs, grace_s=5, terminal=out)
     elapsed = time.monotonic() - t0
     assert outcome.exit_code == 3
     assert outcome.root_cause is not None and outcome.root_cause.name == "GPU1"
@@ -108,7 +108,7 @@ def test_first_failure_stops_the_rest_within_the_grace_and_its_code_comes_out(tm
 def test_worker_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path):
     specs = [_worker(tmp_path, "GPU0", "ignore"), WorkerSpec("GPU1", _exit_after(0.3, 5))]
     t0 = time.monotonic()
-    outcome = run_job(specs, grace_s=0.5, out=io.BytesIO())
+    outcome = run_job(specs, grace_s=0.5, terminal=io.BytesIO())
     elapsed = time.monotonic() - t0
     assert outcome.exit_code == 5
     stubborn = next(w for w in outcome.workers if w.name == "GPU0")
@@ -120,7 +120,7 @@ def test_worker_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path):
 def test_killed_by_signal_gives_128_plus_n_and_a_hint():
     code = "import os, signal; print('boom', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
     out = io.BytesIO()
-    outcome = run_job([WorkerSpec("GPU3", (PY, "-c", code), label="GPU3 (rank 3)")], out=out)
+    outcome = run_job([WorkerSpec("GPU3", (PY, "-c", code), label="GPU3 (rank 3)")], terminal=out)
     assert outcome.exit_code == 137
     assert outcome.root_cause is not None and outcome.root_cause.signal == 9
     assert "GPU3 (rank 3) was killed by SIGKILL (signal 9)" in outcome.detail
@@ -129,10 +129,10 @@ def test_killed_by_signal_gives_128_plus_n_and_a_hint():
 
 def test_bad_command_is_a_usage_error_before_anything_starts(tmp_path: Path):
     with pytest.raises(UsageError, match="not found on PATH"):
-        run_job([_worker(tmp_path, "GPU0"), WorkerSpec("GPU1", ("no-such-program-xyz",))], out=io.BytesIO())
+        run_job([_worker(tmp_path, "GPU0"), WorkerSpec("GPU1", ("no-such-program-xyz",))], terminal=io.BytesIO())
     assert not (tmp_path / "GPU0.pid").exists()
     with pytest.raises(UsageError, match="unique"):
-        run_job([WorkerSpec("a", ("true",)), WorkerSpec("a", ("true",))], out=io.BytesIO())
+        run_job([WorkerSpec("a", ("true",)), WorkerSpec("a", ("true",))], terminal=io.BytesIO())
     with pytest.raises(UsageError, match="grace"):
         Supervisor(grace_s=-1)
 
@@ -158,7 +158,7 @@ def test_usr1_is_forwarded_without_stopping_and_state_is_restored(tmp_path: Path
 
             sup.call_later(0.05, poke)
 
-    sup = Supervisor(grace_s=1, out=io.BytesIO(), summary=False)
+    sup = Supervisor(grace_s=1, terminal=io.BytesIO(), summary=False)
     outcome = sup.run(SendUsr1())
     assert (tmp_path / "w.sig").read_text() == "SIGUSR1\n"
     assert outcome.exit_code == 0  # the worker chose to exit 0 on USR1; nothing was stopped
@@ -233,7 +233,7 @@ def test_orphan_left_by_a_successful_job_is_stopped_and_reaped(tmp_path: Path):
         f"open({str(tmp_path / 'g.pid')!r}, 'w').write(str(g.pid))\n"
     )
     out = io.BytesIO()
-    outcome = run_job([WorkerSpec("job", (PY, "-c", code))], out=out, grace_s=2)
+    outcome = run_job([WorkerSpec("job", (PY, "-c", code))], terminal=out, grace_s=2)
     grandchild = int((tmp_path / "g.pid").read_text())
     assert outcome.exit_code == 0
     assert _gone(grandchild)

@@ -148,7 +148,7 @@ def test_a_signal_arriving_while_the_handlers_are_installed_is_not_lost(monkeypa
     monkeypatch.setattr(signal, "signal", install)
     worker = WorkerSpec("w", (PY, "-c", "import time; time.sleep(5)"))
     t0 = time.monotonic()
-    outcome = run_job([worker], grace_s=1.0, out=io.BytesIO(), summary=False)
+    outcome = run_job([worker], grace_s=1.0, terminal=io.BytesIO(), summary=False)
     assert fired
     assert outcome.exit_code == 128 + signal.SIGTERM and outcome.signal == signal.SIGTERM
     assert time.monotonic() - t0 < 4  # not the worker's 5 s
@@ -159,7 +159,7 @@ def test_full_log_volume_costs_the_log_with_one_warning_never_the_job(tmp_path: 
     log.symlink_to("/dev/full")  # every write: ENOSPC
     code = "import sys\nfor i in range(3000): print('line', i, 'x' * 100)\nsys.exit(3)"
     out = io.BytesIO()
-    outcome = run_job([WorkerSpec("GPU0", (PY, "-c", code), prefix="GPU0:", log_path=log)], out=out, summary=False)
+    outcome = run_job([WorkerSpec("GPU0", (PY, "-c", code), prefix="GPU0:", log_path=log)], terminal=out, summary=False)
     assert outcome.exit_code == 3  # the job's own code wins
     lines = out.getvalue().decode().splitlines()
     assert sum(1 for line in lines if line.startswith("GPU0:line ")) == 3000  # the terminal copy is complete
@@ -171,7 +171,7 @@ def test_log_folder_that_cannot_be_created_costs_the_log_not_the_job(tmp_path: P
     (tmp_path / "logs").write_text("a file where the log folder should be")
     out = io.BytesIO()
     spec = WorkerSpec("GPU0", (PY, "-c", "print('hello')"), prefix="GPU0:", log_path=tmp_path / "logs" / "GPU0.log")
-    outcome = run_job([spec], out=out, summary=False)
+    outcome = run_job([spec], terminal=out, summary=False)
     assert outcome.exit_code == 0
     text = out.getvalue().decode()
     assert "GPU0:hello" in text and text.count("warning: log file") == 1 and "cannot be opened" in text
@@ -305,7 +305,7 @@ def test_a_leftover_is_named_once():
     out = io.BytesIO()
     stubborn = f"{PY} -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)'"
     job = f"{stubborn} & echo $! ; sleep 0.3; exit 3"
-    outcome = run_job([WorkerSpec("job", ("bash", "-c", job))], out=out, grace_s=1.0)
+    outcome = run_job([WorkerSpec("job", ("bash", "-c", job))], terminal=out, grace_s=1.0)
     assert outcome.exit_code == 3
     said = out.getvalue().decode()
     pid = said.splitlines()[0].strip()

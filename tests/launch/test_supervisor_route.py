@@ -53,7 +53,7 @@ def test_a_line_said_by_another_thread_comes_whole_between_the_workers_lines(tmp
     )
     out = io.BytesIO()
     watch = _MirrorLike(ready, go)
-    outcome = run_job([WorkerSpec("job", (PY, "-c", code))], grace_s=2, out=out, watch=watch)
+    outcome = run_job([WorkerSpec("job", (PY, "-c", code))], grace_s=2, terminal=out, watch=watch)
     assert outcome.exit_code == 0
     lines = out.getvalue().decode().splitlines()
     said = f"podguard: stored checkpoint-1 from a thread {LONG}"
@@ -78,7 +78,7 @@ def test_no_line_of_a_thread_is_lost_while_the_loop_starts_or_shuts_down(capsys)
     try:
         for _ in range(3):  # three runs: three shutdowns under the chatter
             job = [WorkerSpec("job", (PY, "-c", "print('working', flush=True)"))]
-            assert run_job(job, grace_s=2, out=out, summary=False).exit_code == 0
+            assert run_job(job, grace_s=2, terminal=out, summary=False).exit_code == 0
     finally:
         time.sleep(0.05)
         stop.set()

@@ -74,7 +74,7 @@ def conduct(argv: list[str], options: JobOptions, opts: PreflightOptions, *, dem
             end.started = True
             return run_job(settings, opts, base, end, held)
     except PodguardError as exc:
-        console.line(f"podguard: error: {exc.message}", loud=True)
+        console.error(exc.message)
         return exc.code
 
 
@@ -177,7 +177,7 @@ class Conductor:
                 return self.end(Ending(EndKind.PREFLIGHT, passed.code, detail, stopped))
             if passed is None and attempt == 0:
                 for note in notes:
-                    console.line(f"podguard: {note}")
+                    console.say(note)
             assert pre.selection is not None
             result = run_attempt(
                 self.settings,
@@ -201,7 +201,7 @@ class Conductor:
             decision = self.policy.after(failure)
             if not decision.restart:
                 if self.settings.restarts:
-                    console.line(f"podguard: not restarting: {decision.reason}")
+                    console.say(f"not restarting: {decision.reason}", loud=True)
                 return self.end(self.ending_of(result, failure))
             got = self.pause(attempt + 1, decision.delay_s, failure)
             if got is not None:
@@ -236,7 +236,7 @@ class Conductor:
     def skip(self, decision: restart_guard.LaunchDecision) -> int:
         assert self.record is not None
         if not decision.delay_s:
-            console.line(f"podguard: {decision.reason}")
+            console.say(decision.reason)
         skipped = self.record(exit_code=ExitCode.OK, kind=restart_guard.RunKind.SKIP)
         self.attempts = 0
         ending = Ending(EndKind.SUCCESS, ExitCode.OK, "finished before (not run again)", skipped or decision.record)
@@ -245,9 +245,7 @@ class Conductor:
     def preflight(self, attempt: int) -> PreflightResult:
         """Cleanup, selection and the gate; on the first attempt the GPUs are leased, later ones keep them."""
         if attempt:
-            console.line(
-                f"podguard: attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch"
-            )
+            console.say(f"attempt {attempt + 1}: a fresh preflight (cleanup and the gate) before the relaunch")
         pre = run_preflight(
             self.opts, validate_selection=_selection_check(self.cfg), held=self.lease, faulted=self.faulted
         )
@@ -292,11 +290,11 @@ class Conductor:
     def pause(self, number: int, delay_s: float, failure: Failure) -> int | None:
         """Announce the relaunch and wait for it; a terminating signal ends the wait (its number)."""
         line = restart_line(self.command, number, self.settings.restarts, delay_s, failure.text, failure.code)
-        console.line(line + (f"; {self.fragment()}" if self.seen is not None else ""))
+        console.line(line + (f"; {self.fragment()}" if self.seen is not None else ""), loud=True)  # a record
         with signals_held() as watched:
             got = next_signal(watched, delay_s)
         if got is not None:
-            console.line(f"podguard: received {signal.Signals(got).name} during the restart pause; not relaunching")
+            console.say(f"received {signal.Signals(got).name} during the restart pause; not relaunching", loud=True)
         return got
 
     def ending_of(self, result: AttemptResult, failure: Failure | None = None) -> Ending:

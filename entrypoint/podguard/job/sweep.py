@@ -215,7 +215,7 @@ def run_sweep(
     build = argv_builder or podguard_train_argv(command, train_args)
     specs = _specs(plan, build, dict(os.environ if env is None else env), name, prefix, log_dir)
     try:
-        outcome = run_job(specs, grace_s=grace_s, out=output, summary=False, fail_fast=False)
+        outcome = run_job(specs, grace_s=grace_s, terminal=output, summary=False, fail_fast=False)
     except UsageError as exc:
         raise UsageError(f"cannot start the sweep: {exc.message}") from None
     runs = tuple(

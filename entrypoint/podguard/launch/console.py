@@ -37,14 +37,14 @@ class Console:
 
     def __init__(
         self,
-        out: BinaryIO | TextIO | int | None = None,
+        terminal: BinaryIO | TextIO | int | None = None,
         *,
         err: BinaryIO | TextIO | int | None = None,
         background: bool = False,
         on_drained: Callable[[], None] | None = None,
         stall_s: float = STALL_S,
     ) -> None:
-        self._out = TerminalSink(out, background=background, on_drained=on_drained)
+        self._out = TerminalSink(terminal, background=background, on_drained=on_drained)
         self._err_target = err
         self._err: TerminalSink | None = None  # opened at the first line for it
         self._background = background

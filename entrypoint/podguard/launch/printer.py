@@ -84,7 +84,7 @@ class Printer:
 
     def __init__(
         self,
-        out: BinaryIO | TextIO | int | None = None,
+        terminal: BinaryIO | TextIO | int | None = None,
         *,
         only: Collection[str] | None = None,
         on_line: LineCallback | None = None,
@@ -92,7 +92,7 @@ class Printer:
         background: bool = False,
         on_drained: Callable[[], None] | None = None,
     ) -> None:
-        self._term = Console(out, background=background, on_drained=on_drained)  # stdout; stderr when it stalls
+        self._term = Console(terminal, background=background, on_drained=on_drained)  # stdout; stderr when it stalls
         self._colour = self._term.isatty()  # rich's colours (TTY_COMPATIBLE) only where a person watches
         self._logs = LogSink(background=background, on_drained=on_drained)
         self._only = set(only) if only is not None else None

@@ -58,7 +58,7 @@ def run_job(
     specs: Sequence[WorkerSpec],
     *,
     grace_s: float = DEFAULT_GRACE_S,
-    out: BinaryIO | TextIO | int | None = None,
+    terminal: BinaryIO | TextIO | int | None = None,
     only: Collection[str] | None = None,
     on_line: LineCallback | None = None,
     tail_lines: int = 20,
@@ -78,7 +78,7 @@ def run_job(
     check_specs(specs)
     check_only(specs, only)
     sup = Supervisor(
-        grace_s=grace_s, out=out, only=only, on_line=on_line, tail_lines=tail_lines, summary=summary,
+        grace_s=grace_s, terminal=terminal, only=only, on_line=on_line, tail_lines=tail_lines, summary=summary,
         fail_fast=fail_fast, watch=watch,
     )  # fmt: skip
     return sup.run(StartAll(specs))

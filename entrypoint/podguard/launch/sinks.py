@@ -155,7 +155,7 @@ class TerminalSink(_Sink):
 
     def __init__(
         self,
-        out: BinaryIO | TextIO | int | None,
+        terminal: BinaryIO | TextIO | int | None,
         *,
         background: bool = False,
         on_drained: Callable[[], None] | None = None,
@@ -166,19 +166,19 @@ class TerminalSink(_Sink):
         self.written = 0  # bytes the terminal accepted so far (the writer's thread adds to it)
         self.moved_at = time.monotonic()  # when it last accepted bytes (or bytes began to wait for it)
         self.broken = False  # its reader went away (EPIPE) or it failed (EIO): nothing more reaches it
-        if out is None:
-            out = sys.stdout
-        if isinstance(out, int):
-            self.fd = out
+        if terminal is None:
+            terminal = sys.stdout
+        if isinstance(terminal, int):
+            self.fd = terminal
         else:
             with contextlib.suppress(Exception):
-                out.flush()  # whatever the caller printed before must come first
+                terminal.flush()  # whatever the caller printed before must come first
             try:
-                self.fd = out.fileno()
+                self.fd = terminal.fileno()
             except (AttributeError, OSError, ValueError):
-                buffer = getattr(out, "buffer", None)
-                self.obj = buffer if buffer is not None else out
-                self.text = buffer is None and isinstance(out, io.TextIOBase)
+                buffer = getattr(terminal, "buffer", None)
+                self.obj = buffer if buffer is not None else terminal
+                self.text = buffer is None and isinstance(terminal, io.TextIOBase)
         self._queue: _TerminalQueue | None = _TerminalQueue(self, on_drained) if background else None
 
     def isatty(self) -> bool:

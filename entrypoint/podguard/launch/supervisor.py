@@ -84,7 +84,7 @@ class Supervisor:
         self,
         *,
         grace_s: float = DEFAULT_GRACE_S,
-        out: BinaryIO | TextIO | int | None = None,
+        terminal: BinaryIO | TextIO | int | None = None,
         only: Collection[str] | None = None,
         on_line: LineCallback | None = None,
         tail_lines: int = 20,
@@ -99,7 +99,7 @@ class Supervisor:
         self.grace_s = float(grace_s)
         self._loop = EventLoop()
         self.printer = Printer(
-            out, only=only, on_line=on_line, tail_lines=tail_lines, background=True, on_drained=self._loop.wake
+            terminal, only=only, on_line=on_line, tail_lines=tail_lines, background=True, on_drained=self._loop.wake
         )
         self.workers: dict[str, Worker] = {}
         self._pdeathsig = pdeathsig

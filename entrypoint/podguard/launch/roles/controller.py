@@ -217,7 +217,7 @@ def run_roles(
     master_addr: str = DEFAULT_MASTER_ADDR,
     log_dir: Path | None = None,
     grace_s: float = DEFAULT_GRACE_S,
-    out: BinaryIO | TextIO | int | None = None,
+    terminal: BinaryIO | TextIO | int | None = None,
     only: Collection[str] | None = None,
     tail_lines: int = 20,
     summary: bool = True,
@@ -231,5 +231,5 @@ def run_roles(
     )
     check_specs(plan.specs())
     check_only(plan.specs(), only)
-    sup = Supervisor(grace_s=grace_s, out=out, only=only, tail_lines=tail_lines, summary=summary, watch=watch)
+    sup = Supervisor(grace_s=grace_s, terminal=terminal, only=only, tail_lines=tail_lines, summary=summary, watch=watch)
     return sup.run(RolesController(plan))
