@@ -130,11 +130,7 @@ def test_the_architecture_lists_exactly_the_top_level_modules() -> None:
 
 # Climbs that exist today, each with the fix in flight (issue 32): the lead removes an entry when its fix merges,
 # and a listed climb that no longer exists fails the test below so that the list never outlives the climb.
-KNOWN_CLIMBS = {
-    # guards -> job, type-only (under TYPE_CHECKING): found while drawing the order, no fix in flight yet; guards/
-    # can declare the small Protocol it needs of the upload wait (guards/ is "thispod"'s, job/store.py "job"'s)
-    ("guards/save.py", "podguard.job.store"),
-}
+KNOWN_CLIMBS: set[tuple[str, str]] = set()  # none: guards/save.py declares the UploadWait Protocol it needs
 
 
 def _order() -> dict[str, int]:

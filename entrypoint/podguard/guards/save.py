@@ -31,13 +31,20 @@ from podguard.guards.targets import catches, save_targets
 
 if TYPE_CHECKING:
     from podguard.checkpoints import Checkpoint, Key
-    from podguard.job.store import UploadWait
     from podguard.launch.loop import Timer
     from podguard.launch.supervisor import Supervisor
 
 __all__ = ["POLL_S", "HangClock", "SaveBeforeStop", "SaveSettings", "listed_keys", "newest_new"]
 
 POLL_S = 0.5
+
+
+class UploadWait(Protocol):
+    """The checkpoint store's side of the save before a stop (job/store.py makes one with --checkpoint-store)."""
+
+    def note(self, checkpoint: Checkpoint, out_of_time: bool) -> str | None:
+        """None while the saved checkpoint's upload may still come; else a line on whether it reached the store."""
+        ...
 
 
 class HangClock(Protocol):
