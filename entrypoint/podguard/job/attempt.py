@@ -101,7 +101,7 @@ def run_attempt(
     mode = _pick_mode(cfg, selection, announce=attempt == 0)
     if attempt == 0:  # a C++ program whose std::cout podguard cannot keep line by line (launch/line_shims.py)
         for warning in buffering_warnings(cfg.argv, {**os.environ, **line_buffering_env()}):
-            console.say(warning)
+            console.warn(warning)
     runtime = RuntimeWatch(_runtime_settings(settings, opts, selection, mode), run_dir)
     env.update(runtime.worker_env(slots=max(len(selection.gpus), cfg.options.cpu_workers or 0, 1)))
     port_lease = None

@@ -188,7 +188,7 @@ def buffering_warnings(argv: Sequence[str], environ: Mapping[str, str] | None = 
         return []
     why = "PODGUARD_LINE_BUFFERING=0" if env.get("PODGUARD_LINE_BUFFERING") == "0" else "no C compiler was found"
     return [
-        f"warning: {os.path.basename(program)} calls std::ios_base::sync_with_stdio: after sync_with_stdio(false) its "
+        f"{os.path.basename(program)} calls std::ios_base::sync_with_stdio: after sync_with_stdio(false) its "
         f"std::cout reaches podguard only in 8 KiB blocks (std::endl or std::flush send a line at once) and {why} "
         "to keep it line by line; give it --progress with heartbeats, or flush its lines"
     ]

@@ -108,7 +108,7 @@ def open_metrics(*, port: int | None, path: Path | None, mode: str, every_s: flo
     if writer is not None:
         console.say(f"metrics: {path} (every {every_s:g} s)")
         if (note := collector_note(writer.path)) is not None:
-            console.say(note)
+            console.warn(note)
     return Metrics(state, server, writer)
 
 

@@ -63,11 +63,11 @@ def not_a_regular_file(path: Path) -> str | None:
 
 
 def collector_note(path: Path) -> str | None:
-    """A warning for a name the collector skips: it reads `*.prom` files only."""
+    """A warning's text (console.warn) for a name the collector skips: it reads `*.prom` files only."""
     if path.name.endswith(".prom"):
         return None
     return (
-        f"warning: --metrics-file={str(path)!r} does not end in .prom: node_exporter's textfile collector reads only "
+        f"--metrics-file={str(path)!r} does not end in .prom: node_exporter's textfile collector reads only "
         "*.prom files and will not see it"
     )
 

@@ -127,7 +127,7 @@ class Healer:
         try:
             write_private(self.path, json.dumps(asdict(self.state), indent=2))
         except OSError as exc:
-            self.say(f"warning: cannot record the self-heal state in {self.path}: {exc.strerror}")
+            console.warn(f"self-heal: cannot record the self-heal state in {self.path}: {exc.strerror}")
 
     def note(self, event: str, detail: str = "") -> None:
         self.state.history.append(
