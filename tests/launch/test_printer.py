@@ -8,10 +8,12 @@ import io
 import os
 import select
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from loadfactor import scaled
 from podguard.launch.errorlines import FirstError
 from podguard.launch.lines import HIDDEN
 from podguard.launch.printer import CONT_END, CONT_START, LINE_CAP, Printer
@@ -22,6 +24,15 @@ from podguard.launch.spec import WorkerSpec
 def _printer(**kw):
     out = io.BytesIO()
     return Printer(out, **kw), out
+
+
+def _shown(master: int, expected: bytes, within_s: float = 10.0) -> bytes:
+    """What the terminal shows, read until it ends as `expected` does or `within_s` passes: a pty hands the
+    writes over through the kernel's workqueue, so one read right after them may see only the first."""
+    shown, deadline = b"", time.monotonic() + scaled(within_s)
+    while not shown.endswith(expected) and select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        shown += os.read(master, 65536)
+    return shown
 
 
 def _feed_all(printer, stream, pieces):
@@ -225,9 +236,7 @@ def test_a_lone_worker_on_a_terminal_redraws_in_place_and_its_log_gets_lines(tmp
         _feed_all(p, s, [b"epoch 1\n", b"\r 10%", b"\r 20%\x1b[A", b"\r 30%\n"])
         p.message("podguard: done")
         p.finish()
-        shown = b""
-        while select.select([master], [], [], 0.2)[0]:
-            shown += os.read(master, 65536)
+        shown = _shown(master, b"epoch 1\r\n\r 10%\r 20%\x1b[A\r 30%\r\npodguard: done\r\n")
     finally:
         os.close(master)
         os.close(slave)
@@ -245,7 +254,7 @@ def test_a_raw_terminal_line_left_open_is_ended_before_podguards_line():
         p.message("podguard: HUNG")
         p.flush()
         p.finish()
-        shown = os.read(master, 65536)
+        shown = _shown(master, b"\r 10%\r\npodguard: HUNG\r\n")
     finally:
         os.close(master)
         os.close(slave)
@@ -259,7 +268,7 @@ def test_a_raw_workers_last_partial_line_is_not_shown_twice_at_its_end(tmp_path:
         s = p.add("job", None, log_path=tmp_path / "job.log")
         _feed_all(p, s, [b"\r 10%", b"\r 20%"])  # it died mid-bar
         p.finish()
-        shown = os.read(master, 65536)
+        shown = _shown(master, b"\r 10%\r 20%\r\n")
     finally:
         os.close(master)
         os.close(slave)

@@ -153,17 +153,22 @@ def test_an_upload_killed_half_way_is_never_restored(store, tmp_path):
     hf_like(pod1, 2, size=40 * 2**20)
     child = textwrap.dedent(
         f"""
-        import sys, time
+        import sys, threading, time
         from podguard.checkpoints import find_checkpoints
         from podguard.store.connect import open_backend
         from podguard.store.url import parse_store_url
         from podguard.store.upload import upload_checkpoint
         backend = open_backend(parse_store_url({url!r}))
-        seen = [0]
-        def progress(n):
-            seen[0] += n
-            if seen[0] > 6 * 2**20:
-                print("half", flush=True)
+        seen, lock = [0, False], threading.Lock()
+        def progress(n):  # called from the transfer manager's threads: "half" is said once, in one write
+            with lock:
+                seen[0] += n
+                first = seen[0] > 6 * 2**20 and not seen[1]
+                seen[1] = seen[1] or first
+            if first:
+                sys.stdout.write("half\\n")
+                sys.stdout.flush()
+            if seen[1]:
                 time.sleep(60)
         upload_checkpoint(backend, find_checkpoints({str(pod1)!r}).chosen, {str(pod1)!r}, progress=progress)
         """
