@@ -184,7 +184,9 @@ def test_pod_down_or_stop_during_a_capacity_wait_ends_the_keeper(standin, bare_s
     assert done.returncode == 0, done.stderr
     assert "ending the keeper of trainer" in done.stderr
     code, _, err = finish(proc)
-    assert code == 128 + signal.SIGTERM, err
+    # pod down writes its word, then SIGTERMs the keeper: it ends by the signal (143), or, when it read the word
+    # first, by the word (0); never killed half-way (-15: test_pods_keep_ending.py)
+    assert code in (128 + signal.SIGTERM, 0), err
     tries = len(creates(standin))  # the creates refused for capacity
     with world.lock:
         world.capacity.update(saved)

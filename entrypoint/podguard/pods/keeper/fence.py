@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 
 from podguard.errors import ExitCode, PodguardError
-from podguard.pods.keeper.intent import Intent, Word, finished, is_over, may_act, why_not
+from podguard.pods.keeper.intent import Intent, Word, finished, may_act, why_not
 from podguard.pods.keeper.intent_store import IntentStore
+from podguard.pods.keeper.interrupt import ending
 from podguard.pods.keeper.record import iso_now
 
 __all__ = ["LAND_S", "Fence", "Superseded"]
@@ -59,8 +60,7 @@ class Fence:
         self.last = current
         if may_act(current, self.mine):
             return
-        if is_over(current, self.mine):
-            raise Superseded(current, why_not(current, self.mine))
+        ending()  # (`pod down` signals the keeper right after writing its word: that SIGTERM must not cut the end)
         raise Superseded(current, why_not(current, self.mine))
 
     def lease(self, request_s: float) -> int:

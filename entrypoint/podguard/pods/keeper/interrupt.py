@@ -9,6 +9,10 @@ A create cut by a signal may still be made by RunPod after the keeper is gone: `
 then look the name up too early and leave the new pod billing. Held, the create's answer arrives first (the keeper
 remembers the pod, or a keeper started again adopts it by name) and `pod down`, which waits for the keeper to end,
 finds it.
+
+Once the keeper is ending (the first signal was raised, or it read the user's new word: `ending()`), a signal is
+noted, never raised: `pod down` writes its word and then signals the keeper, and a keeper that read the word first
+was killed by that SIGTERM half-way through writing its last state (the handler was gone, or raised again).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Interrupted", "held", "signals_raise"]
+__all__ = ["Interrupted", "ending", "held", "signals_raise"]
 
 _held: list[int] | None = None  # inside held(): the signals that came meanwhile
+_ending: list[int] | None = None  # the keeper is ending: the signals that came since (noted, never raised)
 
 
 class Interrupted(Exception):
@@ -32,18 +37,34 @@ class Interrupted(Exception):
 def signals_raise() -> Iterator[None]:
     """SIGTERM/SIGHUP end the keeper like Ctrl-C: the pod is left as it is, the state stays resumable."""
 
+    global _ending
+
     def handler(signum: int, _frame: object) -> None:
         if _held is not None:
             _held.append(signum)
             return
+        if _ending is not None:
+            _ending.append(signum)
+            return
+        ending()
         raise Interrupted(signum)
 
+    _ending = None
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        _ending = None
+
+
+def ending() -> None:
+    """The keeper is ending (a signal, or the user's new word read from the record): a signal from now on is noted,
+    not raised, so its last state write and its end message are never cut in two."""
+    global _ending
+    if _ending is None:
+        _ending = []
 
 
 @contextmanager
