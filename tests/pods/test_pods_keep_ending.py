@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from podguard.pods.keeper.interrupt import Interrupted, signals_raise
+from podguard.pods.keeper.interrupt import Interrupted, held, signals_raise
 
 ENDING_AFTER_THE_WORD = textwrap.dedent(
     """
@@ -65,3 +65,28 @@ def test_a_new_keeper_in_the_same_process_is_interrupted_again() -> None:
         with signals_raise(), pytest.raises(Interrupted):
             os.kill(os.getpid(), signal.SIGTERM)
             signal.sigtimedwait([], 0.0)
+
+
+def test_a_signal_inside_held_waits_for_the_block_then_ends_the_keeper() -> None:
+    # a create in flight: its answer comes first (the keeper remembers the pod), then the SIGTERM is raised
+    done = []
+    with signals_raise(), pytest.raises(Interrupted) as raised, held():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.sigtimedwait([], 0.0)
+        done.append("answer")
+    assert done == ["answer"] and raised.value.signum == signal.SIGTERM and str(raised.value) == "SIGTERM"
+
+
+def test_a_block_without_a_signal_ends_quietly_and_the_handlers_come_back() -> None:
+    def before(signum: int, frame: object) -> None:  # (whatever the process had)
+        raise AssertionError("not expected")
+
+    old = signal.signal(signal.SIGHUP, before)
+    try:
+        with signals_raise():
+            with held():
+                pass
+            assert signal.getsignal(signal.SIGHUP) is not before
+        assert signal.getsignal(signal.SIGHUP) is before
+    finally:
+        signal.signal(signal.SIGHUP, old)

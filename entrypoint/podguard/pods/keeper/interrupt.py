@@ -11,7 +11,7 @@ remembers the pod, or a keeper started again adopts it by name) and `pod down`, 
 finds it.
 
 Once the keeper is ending (the first signal was raised, or it read the user's new word: `ending()`), a signal is
-noted, never raised: `pod down` writes its word and then signals the keeper, and a keeper that read the word first
+let go, never raised: `pod down` writes its word and then signals the keeper, and a keeper that read the word first
 was killed by that SIGTERM half-way through writing its last state (the handler was gone, or raised again).
 """
 
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 __all__ = ["Interrupted", "ending", "held", "signals_raise"]
 
 _held: list[int] | None = None  # inside held(): the signals that came meanwhile
-_ending: list[int] | None = None  # the keeper is ending: the signals that came since (noted, never raised)
+_ending = False  # the keeper is ending: a signal now is let go (never raised)
 
 
 class Interrupted(Exception):
@@ -43,28 +43,26 @@ def signals_raise() -> Iterator[None]:
         if _held is not None:
             _held.append(signum)
             return
-        if _ending is not None:
-            _ending.append(signum)
+        if _ending:
             return
         ending()
         raise Interrupted(signum)
 
-    _ending = None
+    _ending = False
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        _ending = None
+        _ending = False
 
 
 def ending() -> None:
-    """The keeper is ending (a signal, or the user's new word read from the record): a signal from now on is noted,
-    not raised, so its last state write and its end message are never cut in two."""
+    """The keeper is ending (a signal, or the user's new word read from the record): a signal from now on is let
+    go, not raised, so its last state write and its end message are never cut in two."""
     global _ending
-    if _ending is None:
-        _ending = []
+    _ending = True
 
 
 @contextmanager
