@@ -90,3 +90,13 @@ def test_a_block_without_a_signal_ends_quietly_and_the_handlers_come_back() -> N
         assert signal.getsignal(signal.SIGHUP) is before
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+def test_nested_held_blocks_raise_once_at_the_outer_end() -> None:
+    reached = []
+    with signals_raise(), pytest.raises(Interrupted), held():
+        with held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.0)
+        reached.append("the outer block goes on")
+    assert reached == ["the outer block goes on"]
