@@ -44,6 +44,15 @@ def mirrors(backend, dir0: Path, dir1: Path) -> tuple[Mirror, Mirror]:
     return m0, m1
 
 
+def newest_whole_within(backend, seconds: float, lines: list[str]):
+    """The store's newest whole checkpoint once there is one (the lines said so far when none came in time)."""
+    deadline = time.monotonic() + seconds
+    while (stored := newest_whole(backend)) is None:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.1)
+    return stored
+
+
 def test_node_local_shards_are_whole_in_the_store_only_once_every_node_reported(backend, tmp_path, monkeypatch):
     """Each node writes its shard of step_100/ on its own disk; node 0 also writes the COMPLETED marker after the
     save's barrier (docs: how a custom or sharded format says it is done)."""
@@ -64,10 +73,7 @@ def test_node_local_shards_are_whole_in_the_store_only_once_every_node_reported(
             assert newest_whole(backend) is None
             assert [(s.name, s.whole) for s in list_stored(backend)] == [("step_100", False)]
             m1.start()  # node 1 answers with its shard; then node 0 commits
-            deadline = time.monotonic() + 60
-            while (stored := newest_whole(backend)) is None:
-                assert time.monotonic() < deadline, lines
-                time.sleep(0.1)
+            stored = newest_whole_within(backend, 60, lines)
         finally:
             m0.close()
             m1.close()
@@ -114,10 +120,7 @@ def test_on_a_dir_every_node_shares_nothing_is_copied_twice(backend, tmp_path, m
         m1.start()
         m0.start()
         try:
-            deadline = time.monotonic() + 60
-            while (stored := newest_whole(backend)) is None:
-                assert time.monotonic() < deadline, lines
-                time.sleep(0.1)
+            stored = newest_whole_within(backend, 60, lines)
         finally:
             m0.close()
             m1.close()
@@ -140,10 +143,7 @@ def test_a_rank_0_only_save_is_committed_once_the_other_node_said_it_holds_nothi
         m0.start()
         m1.start()
         try:
-            deadline = time.monotonic() + 60
-            while (stored := newest_whole(backend)) is None:
-                assert time.monotonic() < deadline, lines
-                time.sleep(0.1)
+            stored = newest_whole_within(backend, 60, lines)
         finally:
             m0.close()
             m1.close()
