@@ -339,7 +339,6 @@ def test_a_pattern_naming_the_wrapper_script_stops_the_respawn_loop(spawner: Spa
 
 
 def test_cleanup_convenience_and_progress(spawner: Spawner, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stopround_mod, "PROGRESS_EVERY_S", 0.1)
     monkeypatch.setattr(idle_mod, "PROGRESS_EVERY_S", 0.1)
     backend = FakeBackend.healthy(1)
     pid, _ = spawner.holder("nvidia0", ignore_term=True)

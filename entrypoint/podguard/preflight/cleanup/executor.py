@@ -22,7 +22,13 @@ from podguard import console
 from podguard.gpu.backend import GpuBackend
 from podguard.preflight.cleanup.advice import HEAL_ADVICE, gpus_text, memory_text, recommend, starters_still_running
 from podguard.preflight.cleanup.evidence import short
-from podguard.preflight.cleanup.idle import BACKOFF_CAP_S, BACKOFF_START_S, IdleWatch, Throttle, wait_for_idle
+from podguard.preflight.cleanup.idle import (
+    BACKOFF_CAP_S,
+    BACKOFF_START_S,
+    IdleWatch,
+    Throttle,
+    wait_for_idle,
+)
 from podguard.preflight.cleanup.planner import plan_cleanup, replan
 from podguard.preflight.cleanup.policy import Policy
 from podguard.preflight.cleanup.process_table import ProcessTable, scan_processes, ticks_now

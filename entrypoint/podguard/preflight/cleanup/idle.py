@@ -31,15 +31,17 @@ PROGRESS_EVERY_S = 1.0
 
 
 class Throttle:
-    """When a long wait says how it goes: at most once per PROGRESS_EVERY_S (the first after one period)."""
+    """When a long wait says how it goes: at most once per PROGRESS_EVERY_S (the first after one period); `next_at`
+    bounds a poll that must wake for it. The cleanup's every wait uses it (the kill rounds, the wait for memory)."""
 
     def __init__(self) -> None:
-        self.next_at = time.monotonic() + PROGRESS_EVERY_S
+        self.every_s = PROGRESS_EVERY_S
+        self.next_at = time.monotonic() + self.every_s
 
     def due(self, now: float) -> bool:
         if now < self.next_at:
             return False
-        self.next_at = now + PROGRESS_EVERY_S
+        self.next_at = now + self.every_s
         return True
 
 

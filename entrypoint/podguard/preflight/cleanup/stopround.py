@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from podguard import console
 from podguard.preflight.cleanup.advice import HEAL_ADVICE, gpus_text, memory_text, unkillable_text
 from podguard.preflight.cleanup.deferral import deferred_signals
+from podguard.preflight.cleanup.idle import Throttle
 from podguard.preflight.cleanup.pidfd import PinnedProcess
 from podguard.preflight.cleanup.planner import short
 from podguard.preflight.cleanup.policy import Policy
@@ -32,7 +33,6 @@ log = logging.getLogger("podguard.cleanup")
 
 BACKOFF_START_S = 0.005
 BACKOFF_CAP_S = 0.100
-PROGRESS_EVERY_S = 1.0
 _ADOPT_PASSES = 4
 
 
@@ -165,7 +165,7 @@ class StopRound:
                 by_fd[p.pidfd] = p
         delay = BACKOFF_START_S
         started = time.monotonic()
-        next_note = started + PROGRESS_EVERY_S
+        notes = Throttle()
         while pending:
             now = time.monotonic()
             if now >= deadline:
@@ -175,7 +175,7 @@ class StopRound:
             if polled:
                 timeout = min(timeout, delay)
                 delay = min(delay * 2, BACKOFF_CAP_S)
-            timeout = min(timeout, max(0.0, next_note - now))
+            timeout = min(timeout, max(0.0, notes.next_at - now))
             for fd, _event in poller.poll(max(1, math.ceil(timeout * 1000))):
                 by_fd[fd].mark_exited(time.monotonic())
                 poller.unregister(fd)
@@ -184,9 +184,8 @@ class StopRound:
                     p.mark_exited(time.monotonic())
             pending = [p for p in pending if p.live]
             now = time.monotonic()
-            if pending and now >= next_note:
+            if pending and notes.due(now):
                 console.say(f"waiting for {len(pending)} process(es) to exit after {what} ({now - started:.0f}s)")
-                next_note = now + PROGRESS_EVERY_S
 
     def _mark_unkillable(self, survivors: Sequence[PinnedProcess]) -> None:
         for p in survivors:
