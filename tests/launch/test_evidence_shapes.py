@@ -188,7 +188,8 @@ def test_a_sigstopped_rank_is_dumped_and_named_as_stopped(tmp_path: Path) -> Non
         stacks = capture_stacks(targets, tmp_path)
         assert read_stat(procs[1].pid).state == "T"  # left as it was: stopped
     assert stacks[1].stopped and stacks[1].error is None and stacks[1].threads
-    assert stacks[1].innermost_user_frame in ("<string>:3 in step", "<string>:6 in <module>")
+    # where the SIGSTOP found it: in the loop, or (a slow machine) still on the line after its "up"
+    assert stacks[1].innermost_user_frame in ("<string>:3 in step", "<string>:4 in <module>", "<string>:6 in <module>")
     summary = hang_summary(stacks)
     assert summary[1].startswith("rank 1 (GPU 1): <string>:") and "(stopped: state T" in summary[1]
     assert summary[2].endswith("rank 1 is stopped (state T: a SIGSTOP, or a debugger holds it): "
